@@ -1,0 +1,220 @@
+"""Actors: a gymnasium vector env + a policy snapshot -> fixed-length unrolls.
+
+Each `Actor` owns a vector env of `num_envs` copies and its own copy of the network
+(the policy snapshot). It refreshes the snapshot from a `ParameterBroadcast` at unroll
+boundaries whenever the learner has published a newer version, and emits one chunk per
+unroll: a dict of numpy arrays, batch-major `[num_envs, T + 1, ...]` (one unroll per
+env; fields of `impala_tf.types.Unroll`, the recurrent state flattened into
+`core_state_0`, `core_state_1`, ...). Consecutive unrolls overlap by one step.
+
+The per-step loop does only what must be Python: one tf.function call for the whole
+batch of envs (forward pass and action sampling), one vectorised env step and a few
+numpy row writes. Episode returns and lengths are tracked per env with numpy.
+"""
+
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from impala_tf import types
+
+
+class ParameterBroadcast:
+  """Latest published policy weights with their version (the learner step).
+
+  Thread-safe. The driver publishes after learner steps; actors poll `version` (a
+  cheap int read) and fetch the weights only when it changed.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._version = -1
+    self._weights: Optional[List[np.ndarray]] = None
+
+  @property
+  def version(self) -> int:
+    return self._version
+
+  def publish(self, version: int, weights: Sequence[np.ndarray]):
+    with self._lock:
+      self._weights = list(weights)
+      self._version = int(version)
+
+  def latest(self) -> Tuple[int, Optional[List[np.ndarray]]]:
+    with self._lock:
+      return self._version, self._weights
+
+
+class EpisodeTracker:
+  """Per-env running returns and lengths; finished episodes go to `sink`.
+
+  Args:
+    num_envs: B.
+    sink: called with a list of `types.EpisodeStats` when episodes end.
+  """
+
+  def __init__(self, num_envs: int, sink: Callable[[List[types.EpisodeStats]], None]):
+    self._returns = np.zeros(num_envs, np.float64)
+    self._lengths = np.zeros(num_envs, np.int64)
+    self._sink = sink
+
+  def update(self, reward: np.ndarray, stepped: np.ndarray, ended: np.ndarray):
+    """Accounts for one vector step.
+
+    Args:
+      reward: float `[B]`, rewards returned by the step.
+      stepped: bool `[B]`, False for envs whose step was a NEXT_STEP reset.
+      ended: bool `[B]`, the episode (the game, with episodic life) ended.
+    """
+    self._returns += np.where(stepped, reward, 0.0)
+    self._lengths += stepped
+    if ended.any():
+      idx = np.flatnonzero(ended)
+      self._sink([types.EpisodeStats(float(self._returns[i]), int(self._lengths[i]))
+                  for i in idx])
+      self._returns[idx] = 0.0
+      self._lengths[idx] = 0
+
+
+class Actor:
+  """Steps a vector env with a policy snapshot and emits unrolls.
+
+  Args:
+    actor_id: int, distinct per actor (enters seeds and unroll ids).
+    env: a gymnasium VectorEnv with NEXT_STEP autoreset and a Discrete action space.
+    network: an `impala_tf.networks.AgentNetwork` used as this actor's snapshot (not
+      shared with the learner).
+    broadcast: the ParameterBroadcast to refresh from.
+    unroll_length: T.
+    emit: called with each chunk (dict of arrays `[B, T + 1, ...]`); it may block
+      (back-pressure) and should return False when the actor must stop.
+    episode_sink: receives finished `types.EpisodeStats`.
+    seed: int, seeds the env resets and the action sampling.
+    stop_event: threading.Event; the actor returns soon after it is set.
+    rng: optional tf.random.Generator for action sampling (default: from `seed`).
+  """
+
+  def __init__(self, actor_id: int, env, network, broadcast: ParameterBroadcast,
+               unroll_length: int, emit: Callable[[Dict[str, np.ndarray]], bool],
+               episode_sink: Callable[[List[types.EpisodeStats]], None], seed: int,
+               stop_event: threading.Event,
+               rng: Optional[tf.random.Generator] = None):
+    self.actor_id = actor_id
+    self._env = env
+    self._network = network
+    self._broadcast = broadcast
+    self._t = unroll_length
+    self._emit = emit
+    self._stop = stop_event
+    self._seed = seed
+    self._num_envs = env.num_envs
+    self._tracker = EpisodeTracker(self._num_envs, episode_sink)
+    self._version = -1
+    self._unrolls_emitted = 0
+    self.steps = 0  # Agent steps taken (summed over envs), read by the driver.
+    self._rng = rng if rng is not None else tf.random.Generator.from_seed(seed)
+    self._policy = tf.function(self._policy_step)
+
+  def _policy_step(self, observation, prev_action, reward, first, state):
+    inputs = types.AgentInput(observation, prev_action, reward, first)
+    out, new_state = self._network.step(inputs, state)
+    seeds = self._rng.make_seeds(1)[:, 0]
+    action = tf.random.stateless_categorical(out.policy_logits, 1, seeds,
+                                             dtype=tf.int32)[:, 0]
+    return action, out.policy_logits, new_state
+
+  def close(self):
+    """Closes the env (and its subprocesses, if any)."""
+    try:
+      self._env.close()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  def _refresh(self):
+    if self._broadcast.version == self._version:
+      return
+    version, weights = self._broadcast.latest()
+    if weights is None:
+      return
+    for var, value in zip(self._network.variables, weights):
+      var.assign(value)
+    self._version = version
+
+  def run(self):
+    """Acts until the stop event is set or `emit` returns False."""
+    b, t_len = self._num_envs, self._t
+    self._refresh()
+    obs, _ = self._env.reset(seed=self._seed)
+    obs = np.asarray(obs)
+    state = self._network.initial_state(b)
+    num_actions = self._network.num_actions
+
+    def buffers():
+      return {
+          'observation': np.zeros((t_len + 1, b) + obs.shape[1:], obs.dtype),
+          'reward': np.zeros((t_len + 1, b), np.float32),
+          'terminated': np.zeros((t_len + 1, b), bool),
+          'truncated': np.zeros((t_len + 1, b), bool),
+          'first': np.zeros((t_len + 1, b), bool),
+          'prev_action': np.zeros((t_len + 1, b), np.int32),
+          'action': np.zeros((t_len + 1, b), np.int32),
+          'behaviour_logits': np.zeros((t_len + 1, b, num_actions), np.float32),
+      }
+
+    buf = buffers()
+    buf['observation'][0] = obs
+    buf['first'][0] = True
+    state_at_start = state
+    t = 0
+    while not self._stop.is_set():
+      # Act at row t.
+      action, logits, new_state = self._policy(
+          buf['observation'][t], buf['prev_action'][t], buf['reward'][t],
+          buf['first'][t], state)
+      action = action.numpy()
+      buf['action'][t] = action
+      buf['behaviour_logits'][t] = logits.numpy()
+      if t == t_len:
+        if not self._emit(self._chunk(buf, state_at_start, t_len)):
+          return
+        last = {k: v[t_len].copy() for k, v in buf.items()}
+        buf = buffers()
+        for k, v in last.items():
+          buf[k][0] = v
+        state_at_start = state
+        self._refresh()
+        t = 0
+      state = new_state
+      # Step the envs with action[t]; fill row t + 1.
+      obs, reward, terminated, truncated, info = self._env.step(action)
+      stepped = ~(buf['terminated'][t] | buf['truncated'][t])
+      row = t + 1
+      buf['observation'][row] = obs
+      buf['reward'][row] = reward
+      buf['terminated'][row] = terminated
+      buf['truncated'][row] = truncated
+      buf['first'][row] = ~stepped
+      buf['prev_action'][row] = np.where(stepped, action, 0)
+      ended = terminated | truncated
+      if 'game_over' in info:
+        ended = np.asarray(info['game_over'], bool) & np.asarray(
+            info.get('_game_over', np.ones(b, bool)), bool)
+      self._tracker.update(np.asarray(reward, np.float64), stepped, ended)
+      self.steps += b
+      t = row
+
+  def _chunk(self, buf, state_at_start, t_len) -> Dict[str, np.ndarray]:
+    b = self._num_envs
+    chunk = {k: np.ascontiguousarray(np.swapaxes(v, 0, 1)) for k, v in buf.items()}
+    for i, s in enumerate(state_at_start):
+      chunk[f'core_state_{i}'] = np.asarray(s)
+    chunk['policy_version'] = np.full(b, max(self._version, 0), np.int64)
+    ids = self._unrolls_emitted + np.arange(b, dtype=np.int64)
+    chunk['unroll_id'] = self.actor_id * (2**40) + ids
+    chunk['replayed'] = np.zeros(b, bool)
+    self._unrolls_emitted += b
+    del t_len
+    return chunk

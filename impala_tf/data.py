@@ -1,0 +1,220 @@
+"""The learner's input pipeline: learner queue -> tf.data -> per-replica batches.
+
+```
+LearnerQueue (bounded; actors block when it is full)
+  -> num_data_loader_buffers loaders (Dataset.from_generator) in parallel interleave;
+     each fresh chunk passes through the shared ReplayBuffer, which appends its replays
+  -> unbatch to single unrolls [T + 1, ...] -> batch(batch_size) [B, T + 1, ...]
+  -> minibatch reuse: groups of minibatch_buffer_size batches, each group emitted
+     num_sgd_iter times in ring order (b1 b2 .. bS b1 b2 .. bS ...)
+  -> split every batch into num_replicas consecutive shards of B / N unrolls
+  -> strategy.distribute_datasets_from_function: shard i goes to replica i,
+     prefetched onto its device.
+```
+
+Elements are flat dicts of tensors (the fields of `impala_tf.types.Unroll`, the
+recurrent state as `core_state_0`, `core_state_1`, ...) plus `reuse` (int32 `[B]`, 0
+on a batch's first use), which lets the learner count each batch's frames once.
+"""
+
+import queue
+import threading
+import time
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from impala_tf import replay as replay_lib
+
+Arrays = Dict[str, np.ndarray]
+
+
+class LearnerQueueTimeout(RuntimeError):
+  """No unroll reached the learner within learner_queue_timeout."""
+
+
+class LearnerQueue:
+  """Bounded queue of actor chunks with back-pressure and a stall timeout.
+
+  Args:
+    maxsize: learner_queue_size, chunks (each num_envs_per_actor unrolls) held.
+    timeout: learner_queue_timeout, seconds a reader waits before giving up.
+    stop_event: set to stop every blocked reader and writer.
+  """
+
+  def __init__(self, maxsize: int, timeout: float, stop_event: threading.Event):
+    self._queue = queue.Queue(maxsize=maxsize)
+    self._timeout = timeout
+    self._stop = stop_event
+    self.num_put = 0
+    self.num_got = 0
+
+  def qsize(self) -> int:
+    return self._queue.qsize()
+
+  @property
+  def maxsize(self) -> int:
+    return self._queue.maxsize
+
+  def put(self, chunk: Arrays) -> bool:
+    """Blocks while the queue is full. Returns False when stopped instead."""
+    while not self._stop.is_set():
+      try:
+        self._queue.put(chunk, timeout=0.1)
+        self.num_put += 1
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def get(self) -> Optional[Arrays]:
+    """Returns the next chunk, or None when stopped.
+
+    Raises:
+      LearnerQueueTimeout: when nothing arrived for `timeout` seconds.
+    """
+    waited = 0.0
+    while not self._stop.is_set():
+      try:
+        chunk = self._queue.get(timeout=0.1)
+        self.num_got += 1
+        return chunk
+      except queue.Empty:
+        waited += 0.1
+        if waited >= self._timeout:
+          raise LearnerQueueTimeout(
+              f'no unroll reached the learner for {self._timeout:g} s '
+              '(--learner_queue_timeout): the actors are stalled or too slow; check '
+              'the env, or raise --learner_queue_timeout') from None
+    return None
+
+
+def unroll_signature(observation_shape: Sequence[int], observation_dtype,
+                     num_actions: int, unroll_length: int,
+                     state_sizes: Sequence[int] = ()) -> Dict[str, tf.TensorSpec]:
+  """The tf.data signature of a chunk of unrolls `[N, T + 1, ...]` (N unknown)."""
+  t1 = unroll_length + 1
+  spec = {
+      'observation': tf.TensorSpec([None, t1] + list(observation_shape),
+                                   tf.as_dtype(observation_dtype)),
+      'reward': tf.TensorSpec([None, t1], tf.float32),
+      'terminated': tf.TensorSpec([None, t1], tf.bool),
+      'truncated': tf.TensorSpec([None, t1], tf.bool),
+      'first': tf.TensorSpec([None, t1], tf.bool),
+      'prev_action': tf.TensorSpec([None, t1], tf.int32),
+      'action': tf.TensorSpec([None, t1], tf.int32),
+      'behaviour_logits': tf.TensorSpec([None, t1, num_actions], tf.float32),
+      'policy_version': tf.TensorSpec([None], tf.int64),
+      'unroll_id': tf.TensorSpec([None], tf.int64),
+      'replayed': tf.TensorSpec([None], tf.bool),
+  }
+  for i, size in enumerate(state_sizes):
+    spec[f'core_state_{i}'] = tf.TensorSpec([None, size], tf.float32)
+  return spec
+
+
+class ChunkSource:
+  """Reads the learner queue for the loaders and mixes in replay.
+
+  Counts fresh and replayed unrolls it hands to tf.data (`num_fresh`,
+  `num_replayed`). Errors (e.g. LearnerQueueTimeout) are kept in `error` for the
+  driver, and end the dataset.
+  """
+
+  def __init__(self, get_chunk: Callable[[], Optional[Arrays]],
+               replay: Optional[replay_lib.ReplayBuffer]):
+    self._get = get_chunk
+    self._replay = replay
+    self._lock = threading.Lock()
+    self.num_fresh = 0
+    self.num_replayed = 0
+    self.error: Optional[BaseException] = None
+
+  def generator(self, loader_index=0):
+    del loader_index  # All loaders read the same queue.
+    while True:
+      try:
+        chunk = self._get()
+      except Exception as e:  # pylint: disable=broad-except
+        self.error = e
+        return
+      if chunk is None:
+        return
+      replays = self._replay.add_and_sample(chunk) if self._replay else None
+      with self._lock:
+        self.num_fresh += len(chunk['replayed'])
+        self.num_replayed += 0 if replays is None else len(replays['replayed'])
+      if replays is not None:
+        chunk = {k: np.concatenate([v, replays[k]]) for k, v in chunk.items()}
+      yield chunk
+
+
+def build_dataset(source: ChunkSource, signature: Dict[str, tf.TensorSpec], *,
+                  batch_size: int, num_loaders: int = 1, num_sgd_iter: int = 1,
+                  minibatch_buffer_size: int = 1, num_replicas: int = 1,
+                  prefetch: int = 2) -> tf.data.Dataset:
+  """The pipeline of the module docstring, up to per-replica shards.
+
+  Args:
+    source: yields chunks `[N, T + 1, ...]` matching `signature`.
+    signature: from `unroll_signature`.
+    batch_size: unrolls per learner batch (all replicas together).
+    num_loaders: parallel generator readers (num_data_loader_buffers).
+    num_sgd_iter: uses of each batch.
+    minibatch_buffer_size: batches in the reuse ring.
+    num_replicas: N; batch_size must be divisible by N.
+    prefetch: per-replica shards prefetched.
+
+  Returns:
+    A dataset of per-replica shards `[batch_size / N, T + 1, ...]`, in replica order
+    (element k goes to replica k mod N), plus `reuse` int32 `[batch_size / N]`.
+  """
+  if batch_size % num_replicas:
+    raise ValueError(f'batch_size={batch_size}: must be divisible by the '
+                     f'{num_replicas} learner replicas')
+  loaders = tf.data.Dataset.range(num_loaders)
+  ds = loaders.interleave(
+      lambda i: tf.data.Dataset.from_generator(
+          source.generator, args=(i,), output_signature=signature),
+      cycle_length=num_loaders, block_length=1, num_parallel_calls=num_loaders,
+      deterministic=False)
+  ds = ds.unbatch().batch(batch_size, drop_remainder=True)
+  if num_sgd_iter > 1 or minibatch_buffer_size > 1:
+    def reuse_group(group):
+      def one_use(k):
+        g = dict(group)
+        g['reuse'] = tf.fill([minibatch_buffer_size, batch_size], tf.cast(k, tf.int32))
+        return tf.data.Dataset.from_tensor_slices(g)
+      return tf.data.Dataset.range(num_sgd_iter).flat_map(one_use)
+    ds = ds.batch(minibatch_buffer_size, drop_remainder=True).flat_map(reuse_group)
+  else:
+    ds = ds.map(lambda b: dict(b, reuse=tf.zeros([batch_size], tf.int32)))
+  if num_replicas > 1:
+    per = batch_size // num_replicas
+    def split(b):
+      return tf.data.Dataset.from_tensor_slices(
+          {k: tf.reshape(v, [num_replicas, per] + v.shape[1:].as_list())
+           for k, v in b.items()})
+    ds = ds.flat_map(split)
+  return ds.prefetch(prefetch * num_replicas)
+
+
+def distribute(strategy: tf.distribute.Strategy, make_dataset: Callable[[], tf.data.Dataset]):
+  """Feeds each replica its shard through `distribute_datasets_from_function`.
+
+  Args:
+    strategy: the learner's strategy (one worker, N replicas).
+    make_dataset: returns the dataset of `build_dataset`.
+
+  Returns:
+    A distributed dataset whose elements are PerReplica values of shards.
+  """
+  def dataset_fn(input_context: tf.distribute.InputContext):
+    if input_context.num_input_pipelines != 1:
+      raise ValueError('impala_tf runs one learner worker; got '
+                       f'{input_context.num_input_pipelines} input pipelines')
+    return make_dataset()
+  return strategy.distribute_datasets_from_function(
+      dataset_fn,
+      options=tf.distribute.InputOptions(experimental_fetch_to_device=True))

@@ -1,0 +1,607 @@
+"""Every `Config` field as an absl flag, and the command-line error handling.
+
+Usage in an entry point:
+
+    from absl import app
+    from impala_tf import flags as impala_flags
+
+    impala_flags.define_flags()
+
+    def main(argv):
+      cfg = impala_flags.exit_on_config_error(
+          'impala_tf.train', impala_flags.config_from_flags)
+      ...
+
+    if __name__ == '__main__':
+      app.run(main, flags_parser=impala_flags.parse_flags)
+
+Each flag has the name and the default of the `Config` field it sets (the defaults
+are read from `Config`, never repeated here). Spelling on the command line:
+
+* booleans: `--use_lstm`, `--nouse_lstm`, `--use_lstm=false`;
+* optional numbers (`target_return`, `clip_rho_threshold`, `clip_pg_rho_threshold`):
+  a number, or `none` (any case, or empty) for None;
+* `mlp_hidden_sizes`: comma-separated integers, `--mlp_hidden_sizes=256,256`;
+* integers also accept `1_000_000` and integral exponent forms such as `2e8`;
+* `--flagfile=configs/cartpole.cfg` reads flags from a file; later flags override it.
+
+A value that cannot be parsed ends the program with status 2 and one line on stderr,
+`<prog>: error: <message naming the flag>`; so does a value that `Config` rejects
+(`exit_on_config_error`). `python -m impala_tf.flags` prints docs/flags.md.
+"""
+
+import collections
+import dataclasses
+import math
+import os
+import re
+import sys
+from typing import Callable, List, Optional, Sequence
+
+from absl import flags as absl_flags
+
+from impala_tf import config as config_lib
+
+FLAGS = absl_flags.FLAGS
+
+# The error exit status, as argparse uses for usage errors.
+EXIT_USAGE = 2
+
+_NONE_SPELLINGS = ('none', '')
+
+# One flag: the Config field it sets, its kind and its help text. The help gives the
+# meaning (with the RLlib / scalable_agent name where ours differs), the unit and the
+# valid range; absl appends the default and the type.
+_Flag = collections.namedtuple('_Flag', ['name', 'kind', 'help'])
+
+# Kinds: 'string', 'int', 'float', 'bool', 'enum', 'optional_float', 'int_list'.
+_ENUM_VALUES = {
+    'env_vectorization': config_lib.ENV_VECTORIZATIONS,
+    'reward_clipping': config_lib.REWARD_CLIPPINGS,
+    'optimizer': config_lib.OPTIMIZERS,
+    'network': config_lib.NETWORKS,
+}
+
+_SCHEDULE_HELP = (
+    "'constant'; 'linear' (decay to 0 at --total_environment_frames); or "
+    "piecewise-linear points 'FRAMES:VALUE,FRAMES:VALUE,...' over env frames with "
+    'increasing FRAMES, VALUE being the value at that frame, held constant outside '
+    'the points; the position is the fresh env frames trained on')
+
+# (key, title, flags). The order is the order of --helpfull and docs/flags.md.
+SECTIONS = (
+    ('environment', 'Environment', (
+        _Flag('env', 'string',
+              'Gymnasium environment id, e.g. CartPole-v1 (classic control, vector '
+              'observations) or ALE/Pong-v5 (Atari with DeepMind preprocessing; '
+              'needs the atari extra, ale-py).'),
+        _Flag('env_vectorization', 'enum',
+              "How an actor steps its num_envs_per_actor envs: 'sync' (gymnasium "
+              "SyncVectorEnv, in the actor's thread), 'async' (AsyncVectorEnv, one "
+              "subprocess per env), 'auto' (the env's own batched implementation "
+              "where gymnasium registers one, e.g. CartPole; else 'sync')."),
+        _Flag('noop_max', 'int',
+              'Atari: up to this many no-op frames (a random number) after each '
+              'reset (DeepMind preprocessing). 0 disables. Range: >= 0.'),
+        _Flag('episodic_life', 'bool',
+              'Atari: a lost life ends the episode for the learner (terminated), as '
+              'in the paper; the game goes on, and reported episode returns remain '
+              'whole-game scores.'),
+        _Flag('frame_stack', 'int',
+              'Atari: number of most recent 84x84 grayscale frames stacked into one '
+              'observation (1 with --use_lstm: the LSTM replaces the stack). '
+              'Range: >= 1.'),
+        _Flag('max_episode_frames', 'int',
+              'Time limit of an episode in env frames: Atari emulator frames '
+              '(108000 = 30 minutes of play), agent steps for other envs (which '
+              'also keep their registered limit). Reaching it truncates the '
+              'episode: bootstrapped, not terminal. Range: >= 1.'),
+    )),
+    ('actors', 'Actors', (
+        _Flag('num_actors', 'int',
+              'Actor threads, each stepping one vector env with a policy snapshot '
+              '(RLlib: num_workers / num_env_runners). Range: >= 1.'),
+        _Flag('num_envs_per_actor', 'int',
+              'Environments in each actor\'s vector env (RLlib: '
+              'num_envs_per_worker). Range: >= 1.'),
+        _Flag('unroll_length', 'int',
+              'T: agent steps per unroll; an unroll holds T+1 steps, overlapping the '
+              'next by one (RLlib: rollout_fragment_length, formerly '
+              'sample_batch_size; scalable_agent: unroll_length). Range: >= 1.'),
+        _Flag('broadcast_interval', 'int',
+              'Learner updates between refreshes of the actors\' policy snapshots '
+              '(RLlib: broadcast_interval). Range: >= 1.'),
+    )),
+    ('data', 'Data pipeline', (
+        _Flag('batch_size', 'int',
+              'Unrolls per learner update, split evenly across the learner replicas '
+              '(RLlib: train_batch_size, which counts steps: batch_size x '
+              'unroll_length). Range: >= 1, a multiple of the number of replicas.'),
+        _Flag('num_data_loader_buffers', 'int',
+              'Parallel tf.data loaders (interleave cycle length) filling batches '
+              'while the learner trains (RLlib: num_data_loader_buffers). '
+              'Range: >= 1.'),
+        _Flag('minibatch_buffer_size', 'int',
+              'Ring of recent batches that reuse (num_sgd_iter > 1) interleaves over '
+              '(RLlib: minibatch_buffer_size). Range: >= 1.'),
+        _Flag('num_sgd_iter', 'int',
+              'Times each batch is used for an SGD update (RLlib: num_sgd_iter). '
+              'Range: >= 1.'),
+        _Flag('replay_proportion', 'float',
+              'Replayed unrolls mixed in per fresh unroll: floor(p), plus one more '
+              'with probability frac(p) (RLlib: replay_proportion). 0 disables '
+              'replay. Range: >= 0.'),
+        _Flag('replay_buffer_num_slots', 'int',
+              'Replay FIFO capacity in unrolls: replays are drawn uniformly from the '
+              'last this many fresh unrolls (RLlib: replay_buffer_num_slots). '
+              'Range: >= 0; >= max(1, ceil(replay_proportion)) when '
+              'replay_proportion > 0.'),
+        _Flag('learner_queue_size', 'int',
+              'Capacity of the bounded queue from the actors to the learner\'s data '
+              'pipeline, in actor chunks of num_envs_per_actor unrolls; a full '
+              'queue blocks the actors (RLlib: learner_queue_size, in batches). '
+              'Range: >= 1.'),
+        _Flag('learner_queue_timeout', 'float',
+              'Seconds the learner waits for data before stopping the run with an '
+              'error (RLlib: learner_queue_timeout). Range: > 0.'),
+    )),
+    ('learner', 'Learner and devices', (
+        _Flag('num_gpus', 'int',
+              'Learner GPUs, one MirroredStrategy replica each; each batch is split '
+              'evenly across them. 0: learn on the CPU (RLlib: num_gpus). '
+              'Range: >= 0.'),
+        _Flag('num_virtual_cpu_devices', 'int',
+              'Split the CPU into this many logical devices, one learner replica '
+              'each (multi-tower learning without GPUs, for testing). 0: the CPU is '
+              'one device. Range: >= 0; 0 when --num_gpus is set.'),
+    )),
+    ('loss', 'Loss', (
+        _Flag('discounting', 'float',
+              'Discount per agent step, gamma (RLlib: gamma; scalable_agent: '
+              'discounting). Range: [0, 1].'),
+        _Flag('baseline_cost', 'float',
+              'Weight of the baseline loss 0.5 * sum (v_s - V(x_s))^2 (RLlib: '
+              'vf_loss_coeff; scalable_agent applies another 0.5). Range: >= 0.'),
+        _Flag('entropy_cost', 'float',
+              'Weight of the entropy bonus (RLlib: entropy_coeff). Range: >= 0.'),
+        _Flag('entropy_cost_schedule', 'string',
+              'Schedule of entropy_cost (RLlib: entropy_coeff_schedule): '
+              + _SCHEDULE_HELP + '.'),
+        _Flag('vtrace', 'bool',
+              'Correct for the actors\' stale policies with V-trace; --novtrace uses '
+              'no importance weighting (RLlib: vtrace).'),
+        _Flag('clip_rho_threshold', 'optional_float',
+              'rho-bar: clip of the importance weights in the V-trace value targets '
+              '(RLlib: vtrace_clip_rho_threshold). A number > 0, or none for no '
+              'clipping.'),
+        _Flag('clip_pg_rho_threshold', 'optional_float',
+              'rho-bar-pg: clip of the importance weights in the policy-gradient '
+              'advantages (RLlib: vtrace_clip_pg_rho_threshold). A number > 0, or '
+              'none for no clipping.'),
+        _Flag('vtrace_lambda', 'float',
+              'lambda in the V-trace traces c_t = lambda * min(1, rho_t) (SEED RL); '
+              '1 is the paper\'s V-trace. Range: [0, 1].'),
+        _Flag('reward_clipping', 'enum',
+              "Rewards as the learner sees them: 'abs_one' clips to [-1, 1] (the "
+              "paper's Atari setting), 'soft_asymmetric' squashes with tanh and "
+              "scales negatives by 0.3 (scalable_agent, DMLab), 'none' leaves them. "
+              'Reported returns are never clipped.'),
+    )),
+    ('optimizer', 'Optimizer', (
+        _Flag('optimizer', 'enum',
+              "'rmsprop' with the original IMPALA (TF1) semantics: epsilon inside "
+              "the square root, accumulator starting at 1; or 'adam' (RLlib: "
+              'opt_type).'),
+        _Flag('learning_rate', 'float',
+              'Initial learning rate (RLlib: lr). Range: > 0.'),
+        _Flag('lr_schedule', 'string',
+              'Schedule of the learning rate (RLlib: lr_schedule): '
+              + _SCHEDULE_HELP + ". The paper uses 'linear'."),
+        _Flag('rmsprop_decay', 'float',
+              'RMSProp decay of the mean square (RLlib: decay). Range: [0, 1).'),
+        _Flag('rmsprop_momentum', 'float',
+              'RMSProp momentum (RLlib: momentum). Range: [0, 1).'),
+        _Flag('rmsprop_epsilon', 'float',
+              'RMSProp epsilon, added inside the square root (RLlib: epsilon; '
+              'scalable_agent: 0.1). Range: > 0.'),
+        _Flag('adam_beta1', 'float', 'Adam beta1. Range: [0, 1).'),
+        _Flag('adam_beta2', 'float', 'Adam beta2. Range: [0, 1).'),
+        _Flag('adam_epsilon', 'float', 'Adam epsilon. Range: > 0.'),
+        _Flag('grad_clip', 'float',
+              'Clip of the global gradient norm, applied once after the '
+              'cross-replica all-reduce (RLlib: grad_clip). 0 disables clipping. '
+              'Range: >= 0.'),
+    )),
+    ('network', 'Network', (
+        _Flag('network', 'enum',
+              "Torso: 'mlp' for vector observations, 'shallow' or 'deep' (ResNet) "
+              "for images (paper, Fig. 3); 'auto' picks mlp for vector observations "
+              'and deep for images.'),
+        _Flag('mlp_hidden_sizes', 'int_list',
+              'Widths of the hidden layers of the mlp torso, comma-separated. '
+              'Range: one or more integers >= 1.'),
+        _Flag('use_lstm', 'bool',
+              'Add an LSTM core after the torso, fed the torso output, the one-hot '
+              'previous action and the clipped previous reward; its state resets '
+              'where an episode starts.'),
+        _Flag('lstm_size', 'int', 'Units of the LSTM core. Range: >= 1.'),
+    )),
+    ('run', 'Run', (
+        _Flag('total_environment_frames', 'int',
+              'Stop after this many env frames (agent steps x action repeat; 4 for '
+              'Atari, 1 otherwise); also the horizon of linear schedules '
+              '(scalable_agent: total_environment_frames; RLlib: stop '
+              'timesteps_total). Range: >= batch_size x unroll_length.'),
+        _Flag('target_return', 'optional_float',
+              'Stop early once the mean episode return over the last 100 episodes '
+              'reaches this. none: train for total_environment_frames.'),
+        _Flag('seed', 'int',
+              'Seed of the network initialisation, actors and environments. '
+              'Range: [0, 2^31).'),
+        _Flag('logdir', 'string',
+              'Directory of the run: config.json, checkpoints/, TensorBoard events, '
+              'metrics.jsonl, saved_policy/. A run started on a logdir with '
+              'checkpoints resumes from the latest.'),
+        _Flag('checkpoint_interval_secs', 'float',
+              'Seconds between checkpoints (one is also written at the end). '
+              'Range: > 0.'),
+        _Flag('keep_checkpoints', 'int',
+              'Most recent checkpoints kept in logdir. Range: >= 1.'),
+        _Flag('log_interval_secs', 'float',
+              'Seconds between metrics lines (console, metrics.jsonl, TensorBoard). '
+              'Range: > 0.'),
+    )),
+)
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(config_lib.Config)}
+
+
+class _IntParser(absl_flags.IntegerParser):
+  """An integer; also accepts `1_000_000` and integral exponent forms like `2e8`."""
+
+  def __init__(self):
+    super().__init__()
+
+  def convert(self, argument):
+    if isinstance(argument, int) and not isinstance(argument, bool):
+      return argument
+    if not isinstance(argument, str):
+      raise TypeError(f'expected an integer, got {argument!r}')
+    text = argument.strip()
+    try:
+      return int(text, 10)
+    except ValueError:
+      pass
+    try:
+      number = float(text)
+    except ValueError:
+      number = math.nan
+    if math.isfinite(number) and number.is_integer():
+      return int(number)
+    raise ValueError(f'expected an integer, got {argument!r}')
+
+
+class _FloatParser(absl_flags.FloatParser):
+  """A float, with a short error message."""
+
+  def __init__(self):
+    super().__init__()
+
+  def convert(self, argument):
+    try:
+      return super().convert(argument)
+    except ValueError:
+      raise ValueError(f'expected a number, got {argument!r}') from None
+
+
+class _OptionalFloatParser(absl_flags.ArgumentParser):
+  """A float, or None spelt `none` (any case) or the empty string."""
+
+  syntactic_help = "a number, or 'none'"
+
+  def parse(self, argument):
+    if argument is None:
+      return None
+    if isinstance(argument, str):
+      text = argument.strip()
+      if text.lower() in _NONE_SPELLINGS:
+        return None
+      try:
+        return float(text)
+      except ValueError:
+        raise ValueError(
+            f"expected a number or 'none', got {argument!r}") from None
+    if isinstance(argument, (int, float)) and not isinstance(argument, bool):
+      return float(argument)
+    raise TypeError(f"expected a number or 'none', got {argument!r}")
+
+  def flag_type(self):
+    return 'float or none'
+
+
+class _OptionalFloatSerializer(absl_flags.ArgumentSerializer):
+
+  def serialize(self, value):
+    return 'none' if value is None else repr(float(value))
+
+
+class _IntListParser(absl_flags.ArgumentParser):
+  """Comma-separated integers, e.g. `64,64`, into a list of ints."""
+
+  syntactic_help = 'a comma-separated list of integers'
+
+  def parse(self, argument):
+    if isinstance(argument, (list, tuple)):
+      items = list(argument)
+    elif isinstance(argument, str):
+      text = argument.strip()
+      items = [s.strip() for s in text.split(',')] if text else []
+    else:
+      raise TypeError(f'expected comma-separated integers, got {argument!r}')
+    values = []
+    for item in items:
+      if isinstance(item, int) and not isinstance(item, bool):
+        values.append(item)
+        continue
+      try:
+        values.append(int(item, 10))
+      except (TypeError, ValueError):
+        raise ValueError(
+            f'expected comma-separated integers, got {argument!r}') from None
+    return values
+
+  def flag_type(self):
+    return 'int list'
+
+
+class _IntListSerializer(absl_flags.ArgumentSerializer):
+
+  def serialize(self, value):
+    return ','.join(str(v) for v in value)
+
+
+def _iter_flags():
+  for _, _, section_flags in SECTIONS:
+    yield from section_flags
+
+
+def define_flags(flag_values: absl_flags.FlagValues = FLAGS) -> None:
+  """Defines one flag per `Config` field in `flag_values`.
+
+  Safe to call more than once: flags already defined in `flag_values` are kept.
+
+  Args:
+    flag_values: where to define the flags; absl's global FLAGS by default.
+  """
+  for key, _, section_flags in SECTIONS:
+    for spec in section_flags:
+      if spec.name in flag_values:
+        continue
+      default = _DEFAULTS[spec.name]
+      help_text = f'[{key}] {spec.help}'
+      kwargs = dict(flag_values=flag_values)
+      if spec.kind == 'string':
+        absl_flags.DEFINE_string(spec.name, default, help_text, **kwargs)
+      elif spec.kind == 'bool':
+        absl_flags.DEFINE_bool(spec.name, default, help_text, **kwargs)
+      elif spec.kind == 'enum':
+        absl_flags.DEFINE_enum(spec.name, default, list(_ENUM_VALUES[spec.name]),
+                               help_text, **kwargs)
+      elif spec.kind == 'int':
+        absl_flags.DEFINE(_IntParser(), spec.name, default, help_text,
+                          serializer=absl_flags.ArgumentSerializer(), **kwargs)
+      elif spec.kind == 'float':
+        absl_flags.DEFINE(_FloatParser(), spec.name, default, help_text,
+                          serializer=absl_flags.ArgumentSerializer(), **kwargs)
+      elif spec.kind == 'optional_float':
+        absl_flags.DEFINE(_OptionalFloatParser(), spec.name, default, help_text,
+                          serializer=_OptionalFloatSerializer(), **kwargs)
+      elif spec.kind == 'int_list':
+        absl_flags.DEFINE(_IntListParser(), spec.name, default, help_text,
+                          serializer=_IntListSerializer(), **kwargs)
+      else:
+        raise AssertionError(f'unknown flag kind {spec.kind!r} of {spec.name}')
+
+
+def config_from_flags(
+    flag_values: absl_flags.FlagValues = FLAGS) -> config_lib.Config:
+  """Builds the validated Config from the flags' values.
+
+  Args:
+    flag_values: FlagValues on which `define_flags` was called (parsed or not; an
+      unparsed one gives the defaults).
+
+  Returns:
+    The Config.
+
+  Raises:
+    ConfigError: from Config validation, naming the field (= the flag).
+  """
+  values = {}
+  for spec in _iter_flags():
+    value = flag_values[spec.name].value
+    if spec.kind == 'int_list':
+      value = tuple(value)
+    values[spec.name] = value
+  return config_lib.Config(**values)
+
+
+def prog_name(argv: Optional[Sequence[str]] = None) -> str:
+  """The program name for error lines: `impala_tf.train` under `python -m`.
+
+  Args:
+    argv: the command line; sys.argv by default.
+
+  Returns:
+    The module name when the program runs with `python -m`, else the base name of
+    argv[0].
+  """
+  argv = sys.argv if argv is None else argv
+  main = sys.modules.get('__main__')
+  spec = getattr(main, '__spec__', None)
+  main_file = getattr(main, '__file__', None)
+  if (spec is not None and spec.name and argv and main_file and
+      os.path.abspath(argv[0]) == os.path.abspath(main_file)):
+    name = spec.name
+    return name[:-len('.__main__')] if name.endswith('.__main__') else name
+  if argv and argv[0]:
+    return os.path.basename(argv[0])
+  return 'impala_tf'
+
+
+def _one_line(message: str) -> str:
+  return ' '.join(str(message).split())
+
+
+def exit_with_error(message: str, prog: Optional[str] = None) -> None:
+  """Prints `<prog>: error: <message>` as one line on stderr and exits with 2."""
+  prog = prog or prog_name()
+  sys.stderr.write(f'{prog}: error: {_one_line(message)}\n')
+  sys.stderr.flush()
+  sys.exit(EXIT_USAGE)
+
+
+_NON_BOOLEAN_RE = re.compile(
+    r"^flag --(\w+)=(.*): \('Non-boolean argument to boolean flag', .*\)$")
+
+
+def _flag_error_message(error: Exception) -> str:
+  """A readable one-line message for a flag parsing error."""
+  if isinstance(error, absl_flags.UnrecognizedFlagError):
+    message = f'unknown flag --{error.flagname}'
+    match = re.search(r'Did you mean: (.*) \?$', str(error))
+    if match:
+      names = ', '.join(f'--{n.strip()}' for n in match.group(1).split(','))
+      message += f' (did you mean {names}?)'
+    return message
+  message = _one_line(str(error))
+  if message.startswith('ERROR:: '):
+    message = message[len('ERROR:: '):]
+  match = _NON_BOOLEAN_RE.match(message)
+  if match:
+    name, value = match.groups()
+    message = (f'flag --{name}={value}: expected true or false '
+               f'(or --{name} / --no{name})')
+  return message
+
+
+def parse_flags(argv: Sequence[str],
+                flag_values: absl_flags.FlagValues = FLAGS,
+                prog: Optional[str] = None,
+                allow_positional: bool = False) -> List[str]:
+  """Parses the command line; a flag error exits with status 2 and one line.
+
+  Use as `app.run(main, flags_parser=parse_flags)`. `--flagfile` and the help flags
+  (`--help`, `--helpfull`) work as in absl.
+
+  Args:
+    argv: the command line, program name first.
+    flag_values: the flags to parse into; absl's global FLAGS by default.
+    prog: the program name for the error line; derived from argv[0] if None.
+    allow_positional: accept arguments that are not flags. If False (the entry
+      points take none) a positional argument is an error, which catches
+      `--use_lstm false`.
+
+  Returns:
+    argv[0] and the arguments that are not flags.
+  """
+  prog = prog or prog_name(argv)
+  try:
+    remaining = flag_values(list(argv))
+  except absl_flags.Error as e:
+    exit_with_error(_flag_error_message(e), prog)
+  except ValueError as e:  # absl raises it for `--noflag=value`.
+    exit_with_error(str(e), prog)
+  if not allow_positional and len(remaining) > 1:
+    exit_with_error(
+        f'unexpected argument {remaining[1]!r}: options are flags, written '
+        '--name=value', prog)
+  return remaining
+
+
+def exit_on_config_error(prog: Optional[str], fn: Callable, *args, **kwargs):
+  """Returns fn(*args, **kwargs); a ConfigError exits with status 2 and one line.
+
+  The line is `<prog>: error: --<field>=<value>: <allowed>`.
+
+  Args:
+    prog: the program name; derived from sys.argv if None.
+    fn: the function to run, e.g. `config_from_flags`.
+    *args: positional arguments of fn.
+    **kwargs: keyword arguments of fn.
+
+  Returns:
+    What fn returns.
+  """
+  try:
+    return fn(*args, **kwargs)
+  except config_lib.ConfigError as e:
+    exit_with_error(f'--{e}', prog)
+
+
+def _format_default(spec: _Flag) -> str:
+  value = _DEFAULTS[spec.name]
+  if value is None:
+    return 'none'
+  if isinstance(value, bool):
+    return 'true' if value else 'false'
+  if isinstance(value, (tuple, list)):
+    return ','.join(str(v) for v in value)
+  return str(value)
+
+
+def _format_type(spec: _Flag) -> str:
+  if spec.kind == 'enum':
+    return ' \\| '.join(_ENUM_VALUES[spec.name])
+  return {
+      'string': 'string',
+      'int': 'int',
+      'float': 'float',
+      'bool': 'bool',
+      'optional_float': 'float or none',
+      'int_list': 'int list',
+  }[spec.kind]
+
+
+def _md_cell(text: str) -> str:
+  return text.replace('|', '\\|')
+
+
+def generate_docs() -> str:
+  """Returns the markdown of docs/flags.md: one table per section."""
+  lines = [
+      '# Flags',
+      '',
+      '<!-- Generated by `python -m impala_tf.flags > docs/flags.md`; do not edit. -->',
+      '',
+      'Every option of `python -m impala_tf.train` (and `impala_tf.evaluate`) is an '
+      'absl flag with the name of the `impala_tf.config.Config` field it sets. '
+      'Write `--name=value`; booleans also as `--name` / `--noname`; optional '
+      'numbers take `none` for None (`--clip_rho_threshold=none`); lists are '
+      'comma-separated (`--mlp_hidden_sizes=256,256`); integers accept `2e8` and '
+      '`200_000_000`. `--flagfile=configs/atari_paper.cfg` reads flags from a file '
+      '(flags after it override it); `--helpfull` lists every flag. A value out of '
+      'range stops the program before it starts, with exit status 2 and one line '
+      'on stderr naming the flag.',
+      '',
+  ]
+  for _, title, section_flags in SECTIONS:
+    lines += [f'## {title}', '', '| Flag | Type | Default | Description |',
+              '|---|---|---|---|']
+    for spec in section_flags:
+      lines.append(
+          f'| `--{spec.name}` | {_format_type(spec)} | '
+          f'`{_md_cell(_format_default(spec))}` | {_md_cell(spec.help)} |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def main(argv):
+  del argv  # Unused.
+  sys.stdout.write(generate_docs())
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  define_flags()
+  app.run(main, flags_parser=parse_flags)

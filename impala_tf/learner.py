@@ -1,0 +1,172 @@
+"""The tower learner: one train step on every replica of a MirroredStrategy.
+
+Variables (network, optimizer slots, counters) are created under `strategy.scope()`,
+so each replica holds a mirror. A train step runs `strategy.run` over the per-replica
+shards; on each replica: the network unrolls over its `[T + 1, B / N]` shard, V-trace
+and the loss (a SUM over the shard, `impala_tf.losses`), the gradient; then the
+gradients and diagnostics are all-reduced with SUM, clipped once by global norm, and
+applied once by the optimizer (a merge_call that updates every mirror identically).
+Because losses are sums, the applied update equals the single-device update on the
+whole batch, for any number of replicas.
+
+The learning-rate and entropy-cost schedules are functions of `consumed_frames`, the
+fresh env frames the learner has trained on (counted once per batch, at its first
+use), which is checkpointed with the rest.
+"""
+
+from typing import Callable, Dict
+
+import tensorflow as tf
+
+from impala_tf import config as config_lib
+from impala_tf import losses
+from impala_tf import optimizers
+from impala_tf import types
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def clip_rewards(rewards: tf.Tensor, mode: str) -> tf.Tensor:
+  """Loss-side reward clipping. rewards: float32 `[T, B]`; mode as Config."""
+  if mode == 'abs_one':
+    return tf.clip_by_value(rewards, -1.0, 1.0)
+  if mode == 'soft_asymmetric':
+    squeezed = tf.tanh(rewards / 5.0)
+    return tf.where(rewards < 0, 0.3 * squeezed, squeezed) * 5.0
+  return rewards
+
+
+def _time_major(x: tf.Tensor) -> tf.Tensor:
+  """`[B, T, ...]` -> `[T, B, ...]`."""
+  return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+
+
+class Learner(tf.Module):
+  """Owns the network, the optimizer and the counters, replicated by `strategy`.
+
+  Args:
+    config: the run's Config.
+    network_fn: builds an `impala_tf.networks.AgentNetwork` (called under the scope).
+    strategy: from `impala_tf.distribute.get_strategy`.
+    action_repeat: env frames per agent step.
+  """
+
+  def __init__(self, config: config_lib.Config, network_fn: Callable[[], tf.Module],
+               strategy: tf.distribute.Strategy, action_repeat: int = 1):
+    super().__init__(name='learner')
+    self._config = config
+    self._strategy = strategy
+    self._frames_per_unroll = config.unroll_length * action_repeat
+    total = config.total_environment_frames
+    with strategy.scope():
+      self.network = network_fn()
+      counter = lambda name: tf.Variable(
+          0, dtype=tf.int64, trainable=False, name=name,
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self.learner_steps = counter('learner_steps')
+      self.consumed_frames = counter('consumed_frames')
+      self.replayed_frames = counter('replayed_frames')
+      self.trained_frames = counter('trained_frames')
+      lr = optimizers.make_schedule(config.learning_rate, config.lr_schedule_points,
+                                    total)
+      self._entropy_cost = optimizers.make_schedule(
+          config.entropy_cost, config.entropy_cost_schedule_points, total)
+      self.optimizer = optimizers.make_optimizer(
+          config, lambda: lr(self.consumed_frames))
+      self.optimizer.build(self.network.trainable_variables)
+    self._num_state = len(self.network.initial_state(1))
+    self._train = tf.function(self._train_step)
+
+  @property
+  def strategy(self) -> tf.distribute.Strategy:
+    return self._strategy
+
+  def learning_rate(self) -> float:
+    return float(optimizers.make_schedule(
+        self._config.learning_rate, self._config.lr_schedule_points,
+        self._config.total_environment_frames)(self.consumed_frames))
+
+  def get_weights(self):
+    """The network's variables as numpy arrays (order of `network.variables`)."""
+    return [v.numpy() for v in self.network.variables]
+
+  def step(self, shards) -> Dict[str, tf.Tensor]:
+    """Runs one train step on a distributed batch (from `data.distribute`).
+
+    Returns:
+      dict of scalar tensors: the all-reduced loss sums and counts of
+      `losses.compute_loss`, plus grad_norm, learning_rate, entropy_cost,
+      policy_lag_sum / policy_lag_max, and the batch's fresh/replayed frames at
+      first use.
+    """
+    return self._train(shards)
+
+  def _train_step(self, shards):
+    results = self._strategy.run(self._replica_step, args=(shards,))
+    results = tf.nest.map_structure(
+        lambda x: self._strategy.experimental_local_results(x)[0], results)
+    self.learner_steps.assign_add(1)
+    self.consumed_frames.assign_add(tf.cast(results['fresh_frames'], tf.int64))
+    self.replayed_frames.assign_add(tf.cast(results['replayed_frames'], tf.int64))
+    self.trained_frames.assign_add(tf.cast(results['trained_frames'], tf.int64))
+    return results
+
+  def _replica_step(self, batch):
+    c = self._config
+    ctx = tf.distribute.get_replica_context()
+    obs = _time_major(batch['observation'])
+    reward = _time_major(batch['reward'])
+    terminated = _time_major(batch['terminated'])
+    truncated = _time_major(batch['truncated'])
+    first = _time_major(batch['first'])
+    prev_action = _time_major(batch['prev_action'])
+    action = _time_major(batch['action'])
+    behaviour_logits = _time_major(batch['behaviour_logits'])
+    state = tuple(batch[f'core_state_{i}'] for i in range(self._num_state))
+    entropy_cost = self._entropy_cost(self.consumed_frames)
+    variables = self.network.trainable_variables
+    with tf.GradientTape() as tape:
+      out, _ = self.network.unroll(
+          types.AgentInput(obs, prev_action, reward, first), state)
+      values = out.baseline
+      discounts = c.discounting * (1.0 - tf.cast(terminated[1:], tf.float32))
+      mask = tf.logical_not(tf.logical_or(terminated[:-1], truncated[:-1]))
+      loss, diags = losses.compute_loss(
+          target_logits=out.policy_logits[:-1],
+          values=values[:-1],
+          bootstrap_value=values[-1],
+          actions=action[:-1],
+          behaviour_logits=behaviour_logits[:-1],
+          rewards=clip_rewards(reward[1:], c.reward_clipping),
+          discounts=discounts,
+          mask=mask,
+          baseline_cost=c.baseline_cost,
+          entropy_cost=entropy_cost,
+          clip_rho_threshold=c.clip_rho_threshold,
+          clip_pg_rho_threshold=c.clip_pg_rho_threshold,
+          lambda_=c.vtrace_lambda,
+          use_vtrace=c.vtrace)
+    grads = tape.gradient(loss, variables)
+    # Per-step bookkeeping, summed over replicas with the gradients.
+    first_use = tf.equal(batch['reuse'], 0)
+    replayed = batch['replayed']
+    count = lambda m: tf.reduce_sum(tf.cast(m, tf.float32)) * self._frames_per_unroll
+    lag = tf.cast(self.learner_steps - batch['policy_version'], tf.float32)
+    extra = {
+        'fresh_frames': count(first_use & ~replayed),
+        'replayed_frames': count(first_use & replayed),
+        'trained_frames': count(tf.ones_like(replayed)),
+        'policy_lag_sum': tf.reduce_sum(lag),
+        'num_unrolls': tf.cast(tf.size(lag), tf.float32),
+    }
+    diags = dict(diags, **extra)
+    grads, diags = ctx.all_reduce(_SUM, (grads, diags))
+    diags['policy_lag_max'] = tf.reduce_max(
+        ctx.all_gather(tf.reshape(tf.reduce_max(lag), [1]), axis=0))
+    grad_norm = tf.linalg.global_norm(grads)
+    if c.grad_clip > 0:
+      grads, _ = tf.clip_by_global_norm(grads, c.grad_clip, use_norm=grad_norm)
+    self.optimizer.apply_gradients(zip(grads, variables))
+    diags['grad_norm'] = grad_norm
+    diags['entropy_cost'] = tf.cast(entropy_cost, tf.float32)
+    return diags

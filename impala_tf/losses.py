@@ -1,0 +1,266 @@
+"""The IMPALA loss: policy gradient, baseline and entropy terms with V-trace targets.
+
+Shapes follow `impala_tf/types.py`: time-major `[T, B, ...]`, here the `T` steps of an
+unroll that carry a loss (the learner drops the bootstrap step `T` and passes its value
+as `bootstrap_value`). `A` is the number of actions.
+
+Reduction. Every term is a SUM over the valid steps of `T` and `B` (as in the paper and
+scalable_agent), never a mean. Hence a batch split across N replicas, each computing
+the loss of its slice and its gradient, all-reduced with SUM, gives exactly the
+single-device loss and gradient of the whole batch; the learning rate therefore has the
+scale of the paper's (a sum over `T * B` steps). The diagnostics are sums and counts for
+the same reason: all-reduce them with SUM, then call `summarize_diagnostics`.
+
+Masking. `mask[t, b]` is False where step `t` is not a real transition (the step after
+an episode end under gymnasium's NEXT_STEP autoreset, see types.py). There the
+log importance weight is set to -inf (rho = 0): the V-trace target `vs` equals the
+step's own value, its policy-gradient advantage is 0 and the trace is cut (c = 0), and
+all three loss terms are zeroed. The value of a masked step still serves as V(x_{t})
+for the step before it, which is how a truncated episode bootstraps from the value of
+its final observation.
+
+Total loss: `policy + baseline_cost * baseline + entropy_cost * entropy`, with
+
+  policy   = sum_valid -log pi(a_t | x_t) * A_t          (A_t: V-trace pg advantage)
+  baseline = sum_valid 0.5 * (vs_t - V(x_t))**2          (vs_t: V-trace target)
+  entropy  = sum_valid -H(pi(. | x_t))                    (negative entropy: a bonus)
+
+`A_t` and `vs_t` are targets: no gradient flows through them. With the paper's
+`baseline_cost = 0.5` the effective baseline weight is 0.25, as in scalable_agent.
+"""
+
+from typing import Dict, Optional, Tuple, Union
+
+import tensorflow as tf
+
+from impala_tf import vtrace
+
+Scalar = Union[float, tf.Tensor]
+
+# Keys of the diagnostics dict returned by `compute_loss`; all float32 `[]` sums or
+# counts over the valid steps, all-reducible with SUM.
+DIAGNOSTIC_KEYS = (
+    'loss',               # The total loss.
+    'policy_loss',        # Sum of the policy-gradient term (unscaled).
+    'baseline_loss',      # Sum of 0.5 * (vs - V)**2 (before baseline_cost).
+    'entropy_loss',       # Sum of -H(pi) (before entropy_cost).
+    'num_valid',          # Number of valid steps.
+    'entropy_sum',        # Sum of H(pi) (nats).
+    'rho_sum',            # Sum of pi(a)/mu(a), unclipped (even with use_vtrace=False).
+    'rho_clipped_count',  # Valid steps with rho > clip_rho_threshold.
+    'advantage_sum',      # Sum of the pg advantages.
+    'advantage_sq_sum',   # Sum of the squared pg advantages.
+    'value_sum',          # Sum of the baseline values V(x_t).
+)
+
+
+def _check_rank(name: str, x: tf.Tensor, rank: int):
+  if x.shape.rank is not None and x.shape.rank != rank:
+    raise ValueError(f'{name} must have rank {rank}, got shape {x.shape}')
+
+
+def policy_gradient_loss(logits, actions, advantages) -> tf.Tensor:
+  """Per-step policy-gradient loss, `-log pi(a_t) * stop_gradient(A_t)`.
+
+  Args:
+    logits: float32 `[T, B, A]`, the target policy's logits.
+    actions: int32 or int64 `[T, B]`, the actions taken.
+    advantages: float32 `[T, B]`; no gradient flows into them.
+
+  Returns:
+    float32 `[T, B]`.
+  """
+  logits = tf.convert_to_tensor(logits, tf.float32)
+  actions = tf.convert_to_tensor(actions)
+  advantages = tf.convert_to_tensor(advantages, tf.float32)
+  _check_rank('logits', logits, 3)
+  _check_rank('actions', actions, 2)
+  _check_rank('advantages', advantages, 2)
+  neg_log_pi = tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=actions, logits=logits)
+  return neg_log_pi * tf.stop_gradient(advantages)
+
+
+def baseline_loss(vs, values) -> tf.Tensor:
+  """Per-step baseline loss, `0.5 * (stop_gradient(vs_t) - V(x_t))**2`.
+
+  Args:
+    vs: float32 `[T, B]`, the value targets; no gradient flows into them.
+    values: float32 `[T, B]`, the baseline's predictions.
+
+  Returns:
+    float32 `[T, B]`.
+  """
+  vs = tf.convert_to_tensor(vs, tf.float32)
+  values = tf.convert_to_tensor(values, tf.float32)
+  _check_rank('vs', vs, 2)
+  _check_rank('values', values, 2)
+  return 0.5 * tf.square(tf.stop_gradient(vs) - values)
+
+
+def entropy_loss(logits) -> tf.Tensor:
+  """Per-step negative entropy, `-H(pi) = sum_a pi(a) log pi(a)`.
+
+  Adding `entropy_cost * entropy_loss` to the loss rewards entropy.
+
+  Args:
+    logits: float32 `[T, B, A]`.
+
+  Returns:
+    float32 `[T, B]`, <= 0.
+  """
+  logits = tf.convert_to_tensor(logits, tf.float32)
+  _check_rank('logits', logits, 3)
+  log_pi = tf.nn.log_softmax(logits)
+  return tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1)
+
+
+def compute_loss(target_logits,
+                 values,
+                 bootstrap_value,
+                 actions,
+                 behaviour_logits,
+                 rewards,
+                 discounts,
+                 mask,
+                 baseline_cost: Scalar,
+                 entropy_cost: Scalar,
+                 clip_rho_threshold: Optional[float] = 1.0,
+                 clip_pg_rho_threshold: Optional[float] = 1.0,
+                 lambda_: float = 1.0,
+                 use_vtrace: bool = True
+                 ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+  """The IMPALA loss of a batch (or of one replica's slice of it).
+
+  Args:
+    target_logits: float32 `[T, B, A]`, the learner policy's logits (differentiated).
+    values: float32 `[T, B]`, the learner baseline V(x_t) (differentiated).
+    bootstrap_value: float32 `[B]`, V(x_T), the value after the last step.
+    actions: int32/int64 `[T, B]`, the actions taken by the actors.
+    behaviour_logits: float32 `[T, B, A]`, the actors' logits (no gradient).
+    rewards: float32 `[T, B]`, the (clipped) reward for action t, r_t.
+    discounts: float32 `[T, B]`, gamma_t = discounting * (1 - terminated_{t+1}).
+    mask: bool `[T, B]`, False where step t is not a real transition.
+    baseline_cost: float or float32 `[]` tensor, the baseline term's weight.
+    entropy_cost: float or float32 `[]` tensor (it may be scheduled), the weight of
+      the negative-entropy term.
+    clip_rho_threshold: float or None (no clipping), V-trace rho-bar.
+    clip_pg_rho_threshold: float or None (no clipping), rho-bar for the advantages.
+    lambda_: float in [0, 1], V-trace lambda (1 in the paper).
+    use_vtrace: bool. False: no off-policy correction, rho = 1 on every valid step
+      (no clipping applies), i.e. n-step returns; masked steps still have rho = 0.
+
+  Returns:
+    `(loss, diagnostics)`: loss float32 `[]`, the sum described in the module
+    docstring; diagnostics a dict with the keys of `DIAGNOSTIC_KEYS`, each a float32
+    `[]` sum or count over the valid steps.
+
+  Raises:
+    ValueError: on inputs of the wrong rank.
+  """
+  target_logits = tf.convert_to_tensor(target_logits, tf.float32)
+  behaviour_logits = tf.convert_to_tensor(behaviour_logits, tf.float32)
+  values = tf.convert_to_tensor(values, tf.float32)
+  bootstrap_value = tf.convert_to_tensor(bootstrap_value, tf.float32)
+  actions = tf.convert_to_tensor(actions)
+  rewards = tf.convert_to_tensor(rewards, tf.float32)
+  discounts = tf.convert_to_tensor(discounts, tf.float32)
+  mask = tf.convert_to_tensor(mask, tf.bool)
+  for name, x, rank in (('target_logits', target_logits, 3),
+                        ('behaviour_logits', behaviour_logits, 3),
+                        ('values', values, 2), ('bootstrap_value', bootstrap_value, 1),
+                        ('actions', actions, 2), ('rewards', rewards, 2),
+                        ('discounts', discounts, 2), ('mask', mask, 2)):
+    _check_rank(name, x, rank)
+
+  target_log_pi = vtrace.log_probs_from_logits_and_actions(target_logits, actions)
+  behaviour_log_pi = vtrace.log_probs_from_logits_and_actions(
+      behaviour_logits, actions)
+  log_ratio = tf.stop_gradient(target_log_pi - behaviour_log_pi)
+  neg_inf = tf.fill(tf.shape(log_ratio), tf.constant(-float('inf'), tf.float32))
+  if use_vtrace:
+    log_rhos = tf.where(mask, log_ratio, neg_inf)
+    rho_clip, pg_rho_clip = clip_rho_threshold, clip_pg_rho_threshold
+  else:
+    log_rhos = tf.where(mask, tf.zeros_like(log_ratio), neg_inf)
+    rho_clip, pg_rho_clip = None, None
+  returns = vtrace.from_importance_weights(
+      log_rhos=log_rhos, discounts=discounts, rewards=rewards,
+      values=tf.stop_gradient(values),
+      bootstrap_value=tf.stop_gradient(bootstrap_value),
+      clip_rho_threshold=rho_clip, clip_pg_rho_threshold=pg_rho_clip,
+      lambda_=lambda_)
+  vs = tf.stop_gradient(returns.vs)
+  advantages = tf.stop_gradient(returns.pg_advantages)
+
+  zeros = tf.zeros_like(values)
+  pg = tf.where(mask, policy_gradient_loss(target_logits, actions, advantages), zeros)
+  bl = tf.where(mask, baseline_loss(vs, values), zeros)
+  ent = tf.where(mask, entropy_loss(target_logits), zeros)
+  pg_sum = tf.reduce_sum(pg)
+  bl_sum = tf.reduce_sum(bl)
+  ent_sum = tf.reduce_sum(ent)
+  baseline_cost = tf.cast(baseline_cost, tf.float32)
+  entropy_cost = tf.cast(entropy_cost, tf.float32)
+  loss = pg_sum + baseline_cost * bl_sum + entropy_cost * ent_sum
+
+  def masked_sum(x):
+    return tf.reduce_sum(tf.where(mask, x, zeros))
+
+  rhos = tf.exp(log_ratio)
+  if clip_rho_threshold is None:
+    clipped = tf.zeros_like(mask)
+  else:
+    clipped = tf.logical_and(mask, rhos > clip_rho_threshold)
+  diagnostics = {
+      'loss': loss,
+      'policy_loss': pg_sum,
+      'baseline_loss': bl_sum,
+      'entropy_loss': ent_sum,
+      'num_valid': tf.reduce_sum(tf.cast(mask, tf.float32)),
+      'entropy_sum': -ent_sum,
+      'rho_sum': masked_sum(rhos),
+      'rho_clipped_count': tf.reduce_sum(tf.cast(clipped, tf.float32)),
+      'advantage_sum': masked_sum(advantages),
+      'advantage_sq_sum': masked_sum(tf.square(advantages)),
+      'value_sum': masked_sum(tf.stop_gradient(values)),
+  }
+  return loss, diagnostics
+
+
+def summarize_diagnostics(sums) -> Dict[str, float]:
+  """Turns (possibly all-reduced) diagnostic sums into Python floats for logging.
+
+  Args:
+    sums: a dict with (at least) the keys of `DIAGNOSTIC_KEYS` (as `compute_loss`
+      returns them, or their SUM over replicas): scalar tensors, numpy values or
+      numbers. Other keys are ignored.
+
+  Returns:
+    A dict of Python floats: `loss`, `policy_loss`, `baseline_loss`, `entropy_loss`
+    (the sums, i.e. the quantities optimized), `num_valid`, and the per-valid-step
+    means `entropy`, `rho_mean`, `rho_clip_fraction`, `advantage_mean`,
+    `advantage_std` (population std), `value_mean` (0.0 when `num_valid` is 0).
+  """
+  s = {k: float(sums[k].numpy() if hasattr(sums[k], 'numpy') else sums[k])
+       for k in DIAGNOSTIC_KEYS}
+  n = s['num_valid']
+
+  def mean(key):
+    return s[key] / n if n > 0 else 0.0
+
+  adv_mean = mean('advantage_sum')
+  adv_var = max(mean('advantage_sq_sum') - adv_mean**2, 0.0)
+  return {
+      'loss': s['loss'],
+      'policy_loss': s['policy_loss'],
+      'baseline_loss': s['baseline_loss'],
+      'entropy_loss': s['entropy_loss'],
+      'num_valid': n,
+      'entropy': mean('entropy_sum'),
+      'rho_mean': mean('rho_sum'),
+      'rho_clip_fraction': mean('rho_clipped_count'),
+      'advantage_mean': adv_mean,
+      'advantage_std': adv_var**0.5,
+      'value_mean': mean('value_sum'),
+  }

@@ -1,0 +1,396 @@
+"""Tests for impala_tf.networks."""
+
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import config as config_lib
+from impala_tf import networks
+from impala_tf import types
+
+T, B, A, H = 3, 2, 4, 8
+
+# Tiny observation shapes per torso (shallow needs >= 20 pixels).
+OBS = {
+    'mlp': ((5,), np.float32),
+    'shallow': ((20, 20, 3), np.uint8),
+    'deep': ((12, 12, 2), np.uint8),
+}
+
+
+def _inputs(lead, obs_shape, dtype, seed=0, first=None):
+  """Random AgentInput with leading dims `lead` (e.g. (T, B) or (B,))."""
+  rng = np.random.default_rng(seed)
+  if dtype == np.uint8:
+    obs = rng.integers(0, 256, size=lead + obs_shape, dtype=np.uint8)
+  else:
+    obs = rng.normal(size=lead + obs_shape).astype(dtype)
+  if first is None:
+    first = rng.random(lead) < 0.3
+  return types.AgentInput(
+      observation=obs,
+      prev_action=rng.integers(0, A, size=lead).astype(np.int32),
+      reward=rng.normal(scale=2.0, size=lead).astype(np.float32),
+      first=np.asarray(first, bool))
+
+
+def _net(torso, use_lstm, seed=0, **kw):
+  shape, dtype = OBS[torso]
+  return networks.AgentNetwork(shape, dtype, A, torso=torso, mlp_hidden_sizes=(16,),
+                               use_lstm=use_lstm, lstm_size=H, seed=seed, **kw)
+
+
+def _num_params(module):
+  return sum(int(np.prod(v.shape)) for v in module.trainable_variables)
+
+
+def _slice(inputs, t):
+  return types.AgentInput(*(x[t] for x in inputs))
+
+
+@pytest.mark.parametrize('use_lstm', [False, True])
+@pytest.mark.parametrize('torso', ['mlp', 'shallow', 'deep'])
+def test_output_shapes_and_dtypes(torso, use_lstm):
+  net = _net(torso, use_lstm)
+  shape, dtype = OBS[torso]
+  assert net.num_actions == A and net.use_lstm == use_lstm
+  assert net.observation_shape == shape
+
+  state = net.initial_state(B)
+  if use_lstm:
+    assert len(state) == 2
+    for s in state:
+      assert s.shape == (B, H) and s.dtype == tf.float32
+      assert not np.any(s.numpy())
+  else:
+    assert state == ()
+
+  out, new_state = net.step(_inputs((B,), shape, dtype), state)
+  assert out.policy_logits.shape == (B, A) and out.policy_logits.dtype == tf.float32
+  assert out.baseline.shape == (B,) and out.baseline.dtype == tf.float32
+  assert len(new_state) == len(state)
+
+  out, final = net.unroll(_inputs((T, B), shape, dtype), state)
+  assert out.policy_logits.shape == (T, B, A) and out.policy_logits.dtype == tf.float32
+  assert out.baseline.shape == (T, B) and out.baseline.dtype == tf.float32
+  for s in final:
+    assert s.shape == (B, H) and s.dtype == tf.float32
+
+
+def test_param_count_mlp():
+  net = networks.AgentNetwork((4,), np.float32, 2, torso='mlp',
+                              mlp_hidden_sizes=(64, 64), seed=0)
+  hand = ((4 * 64 + 64)      # hidden 1
+          + (64 * 64 + 64)   # hidden 2
+          + (64 * 2 + 2)     # policy logits
+          + (64 * 1 + 1))    # baseline
+  assert hand == 4675
+  assert _num_params(net) == hand
+
+
+def test_param_count_shallow_and_lstm():
+  net = networks.AgentNetwork((84, 84, 4), np.uint8, 6, torso='shallow', seed=0)
+  # conv1 8x8/4 VALID: (84 - 8) // 4 + 1 = 20; conv2 4x4/2 VALID: (20 - 4) // 2 + 1 = 9.
+  conv1 = 8 * 8 * 4 * 16 + 16        # 4112
+  conv2 = 4 * 4 * 16 * 32 + 32       # 8224
+  fc = (9 * 9 * 32) * 256 + 256      # 663808
+  heads = (256 * 6 + 6) + (256 + 1)  # 1542 + 257
+  assert net.torso.flat_size == 9 * 9 * 32
+  assert _num_params(net.torso) == conv1 + conv2 + fc == 676144
+  assert _num_params(net) == conv1 + conv2 + fc + heads == 677943
+
+  lstm_net = networks.AgentNetwork((84, 84, 4), np.uint8, 6, torso='shallow',
+                                   use_lstm=True, lstm_size=256, seed=0)
+  lstm_in = 256 + 6 + 1  # torso output, one-hot previous action, clipped reward
+  lstm = (lstm_in + 256) * 4 * 256 + 4 * 256
+  assert lstm == 532480
+  assert _num_params(lstm_net.core) == lstm
+  assert _num_params(lstm_net) == 677943 + lstm == 1210423
+
+
+def test_param_count_deep():
+  net = networks.AgentNetwork((84, 84, 4), np.uint8, 6, torso='deep',
+                              use_lstm=True, lstm_size=256, seed=0)
+
+  def conv(cin, cout):
+    return 3 * 3 * cin * cout + cout
+
+  # Each section: conv, then 2 residual blocks of 2 convs (channels -> channels).
+  section1 = conv(4, 16) + 4 * conv(16, 16)    # 592 + 4 * 2320 = 9872
+  section2 = conv(16, 32) + 4 * conv(32, 32)   # 4640 + 4 * 9248 = 41632
+  section3 = conv(32, 32) + 4 * conv(32, 32)   # 9248 + 4 * 9248 = 46240
+  # Max-pools 3x3/2 SAME: 84 -> 42 -> 21 -> 11.
+  fc = (11 * 11 * 32) * 256 + 256              # 991488
+  torso = section1 + section2 + section3 + fc
+  assert (section1, section2, section3) == (9872, 41632, 46240)
+  assert net.torso.flat_size == 11 * 11 * 32
+  assert _num_params(net.torso) == torso == 1089232
+  lstm = (256 + 6 + 1 + 256) * 1024 + 1024
+  heads = (256 * 6 + 6) + (256 + 1)
+  assert _num_params(net) == torso + lstm + heads == 1623511
+  no_lstm = networks.AgentNetwork((84, 84, 4), np.uint8, 6, torso='deep', seed=0)
+  assert _num_params(no_lstm) == torso + heads == 1091031
+
+
+@pytest.mark.parametrize('torso', ['mlp', 'deep'])
+def test_unroll_equals_repeated_step(torso):
+  net = _net(torso, use_lstm=True)
+  shape, dtype = OBS[torso]
+  inputs = _inputs((T, B), shape, dtype, first=[[True, False], [False, True],
+                                                [False, False]])
+  rng = np.random.default_rng(1)
+  state0 = tuple(tf.constant(rng.normal(size=(B, H)), tf.float32) for _ in range(2))
+  out, final = net.unroll(inputs, state0)
+  state = state0
+  for t in range(T):
+    step_out, state = net.step(_slice(inputs, t), state)
+    np.testing.assert_allclose(out.policy_logits[t], step_out.policy_logits,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.baseline[t], step_out.baseline, rtol=1e-5,
+                               atol=1e-5)
+  for a, b in zip(final, state):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+  plain = _net(torso, use_lstm=False)
+  out, final = plain.unroll(inputs, ())
+  assert final == ()
+  for t in range(T):
+    step_out, _ = plain.step(_slice(inputs, t), ())
+    np.testing.assert_allclose(out.policy_logits[t], step_out.policy_logits,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_lstm_state_reset_and_carry():
+  net = _net('mlp', use_lstm=True)
+  shape, dtype = OBS['mlp']
+  rng = np.random.default_rng(2)
+  state0 = tuple(tf.constant(rng.normal(size=(B, H)) * 3, tf.float32)
+                 for _ in range(2))
+  zeros = net.initial_state(B)
+  step_in = _inputs((B,), shape, dtype, first=[True, False])
+  out, new_state = net.step(step_in, state0)
+  out_zero, state_zero = net.step(step_in, zeros)
+  # Batch entry 0 starts an episode: the incoming state is ignored.
+  np.testing.assert_allclose(out.policy_logits[0], out_zero.policy_logits[0],
+                             atol=1e-6)
+  np.testing.assert_allclose(new_state[1][0], state_zero[1][0], atol=1e-6)
+  # Batch entry 1 continues: the incoming state matters.
+  assert not np.allclose(new_state[1][1], state_zero[1][1], atol=1e-3)
+
+  # In an unroll, a reset at step 2 makes steps 2.. independent of steps 0, 1.
+  first = np.array([[False, False], [False, False], [True, False]])
+  a = _inputs((T, B), shape, dtype, seed=3, first=first)
+  b = _inputs((T, B), shape, dtype, seed=4, first=first)
+  b = b._replace(**{k: np.concatenate([getattr(b, k)[:2], getattr(a, k)[2:]])
+                    for k in ('observation', 'prev_action', 'reward')})
+  out_a, fin_a = net.unroll(a, state0)
+  out_b, fin_b = net.unroll(b, zeros)
+  np.testing.assert_allclose(out_a.policy_logits[2, 0], out_b.policy_logits[2, 0],
+                             atol=1e-6)
+  np.testing.assert_allclose(fin_a[0][0], fin_b[0][0], atol=1e-6)
+  assert not np.allclose(out_a.policy_logits[2, 1], out_b.policy_logits[2, 1],
+                         atol=1e-4)
+  # The state carries over between unrolls: two halves equal the whole.
+  out_1, mid = net.unroll(_slice(a, slice(0, 1)), state0)
+  out_2, fin = net.unroll(_slice(a, slice(1, T)), mid)
+  np.testing.assert_allclose(
+      np.concatenate([out_1.baseline, out_2.baseline]), out_a.baseline, atol=1e-5)
+  np.testing.assert_allclose(fin[1], fin_a[1], atol=1e-5)
+
+
+def test_lstm_input_uses_prev_action_and_clipped_reward():
+  net = _net('mlp', use_lstm=True)
+  shape, dtype = OBS['mlp']
+  x = _inputs((B,), shape, dtype, first=[True, True])
+  base, _ = net.step(x._replace(reward=np.array([1.0, -1.0], np.float32)))
+  clipped, _ = net.step(x._replace(reward=np.array([7.0, -3.0], np.float32)))
+  np.testing.assert_allclose(base.policy_logits, clipped.policy_logits, atol=1e-6)
+  other, _ = net.step(x._replace(prev_action=(x.prev_action + 1) % A))
+  assert not np.allclose(base.baseline, other.baseline, atol=1e-6)
+
+
+def test_uint8_equals_float_over_255():
+  net = _net('deep', use_lstm=False)
+  shape, _ = OBS['deep']
+  x = _inputs((T, B), shape, np.uint8)
+  out_u8, _ = net.unroll(x, ())
+  out_f, _ = net.unroll(x._replace(observation=x.observation.astype(np.float32) / 255),
+                        ())
+  np.testing.assert_allclose(out_u8.policy_logits, out_f.policy_logits, atol=1e-6)
+  np.testing.assert_allclose(out_u8.baseline, out_f.baseline, atol=1e-6)
+
+
+def test_variables_exist_after_construction_and_checkpoint_restore(tmp_path):
+  net = _net('shallow', use_lstm=True, seed=1)
+  assert _num_params(net) > 0
+  assert len(net.trainable_variables) == 2 * 3 + 3 + 2 * 2  # convs+fc, lstm, heads
+  path = tf.train.Checkpoint(network=net).save(str(tmp_path / 'ckpt'))
+  # A fresh network (other seed) restored before any call computes the same thing.
+  other = _net('shallow', use_lstm=True, seed=2)
+  tf.train.Checkpoint(network=other).restore(path).assert_consumed()
+  shape, dtype = OBS['shallow']
+  x = _inputs((T, B), shape, dtype)
+  np.testing.assert_allclose(net.unroll(x)[0].baseline, other.unroll(x)[0].baseline,
+                             atol=1e-6)
+
+
+def test_variables_created_under_strategy_scope():
+  strategy = tf.distribute.MirroredStrategy(['/cpu:0'])
+  with strategy.scope():
+    net = _net('mlp', use_lstm=True)
+  assert all(isinstance(v, tf.distribute.DistributedValues)
+             for v in net.trainable_variables)
+  shape, dtype = OBS['mlp']
+  x = _inputs((T, B), shape, dtype)
+  out = strategy.run(tf.function(lambda: net.unroll(x)[0].baseline))
+  assert out.shape == (T, B)
+
+
+def test_seed_determinism():
+  a, b, c = _net('mlp', True, seed=5), _net('mlp', True, seed=5), _net('mlp', True,
+                                                                       seed=6)
+  for va, vb in zip(a.trainable_variables, b.trainable_variables):
+    np.testing.assert_array_equal(va, vb)
+  assert not np.array_equal(a.torso.layers[0].w, c.torso.layers[0].w)
+
+
+def test_inside_tf_function_static_and_dynamic_time(monkeypatch):
+  net = _net('mlp', use_lstm=True)
+  shape, dtype = OBS['mlp']
+  x = _inputs((T, B), shape, dtype)
+  state = net.initial_state(B)
+  eager, eager_final = net.unroll(x, state)
+
+  static = tf.function(net.unroll)
+  out, _ = static(x, state)
+  np.testing.assert_allclose(out.policy_logits, eager.policy_logits, atol=1e-5)
+
+  spec = types.AgentInput(
+      tf.TensorSpec([None, None, *shape], tf.float32),
+      tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.float32),
+      tf.TensorSpec([None, None], tf.bool))
+  state_spec = (tf.TensorSpec([None, H], tf.float32),) * 2
+  dynamic = tf.function(net.unroll, input_signature=[spec, state_spec])  # tf.scan
+  out, final = dynamic(x, state)
+  np.testing.assert_allclose(out.policy_logits, eager.policy_logits, atol=1e-5)
+  np.testing.assert_allclose(final[0], eager_final[0], atol=1e-5)
+
+  # The scan path also runs eagerly when forced.
+  monkeypatch.setattr(networks, 'MAX_STATIC_UNROLL', 0)
+  out, _ = net.unroll(x, state)
+  np.testing.assert_allclose(out.baseline, eager.baseline, atol=1e-5)
+
+
+@pytest.mark.parametrize('torso', ['mlp', 'shallow', 'deep'])
+def test_gradients_reach_every_variable(torso):
+  net = _net(torso, use_lstm=True)
+  shape, dtype = OBS[torso]
+  x = _inputs((T, B), shape, dtype)
+
+  @tf.function
+  def grads():
+    with tf.GradientTape() as tape:
+      out, _ = net.unroll(x, net.initial_state(B))
+      loss = tf.reduce_sum(out.policy_logits**2) + tf.reduce_sum(out.baseline**2)
+    return tape.gradient(loss, net.trainable_variables)
+
+  for g, v in zip(grads(), net.trainable_variables):
+    assert g is not None, v.name
+    assert g.shape == v.shape
+
+
+def test_saved_model_of_step(tmp_path):
+  net = networks.AgentNetwork((4,), np.float32, 2, torso='mlp',
+                              mlp_hidden_sizes=(8,), seed=0)
+
+  class Policy(tf.Module):
+
+    def __init__(self, network):
+      super().__init__()
+      self.network = network
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def __call__(self, observation):
+      batch = tf.shape(observation)[0]
+      out, _ = self.network.step(types.AgentInput(
+          observation, tf.zeros([batch], tf.int32), tf.zeros([batch]),
+          tf.zeros([batch], tf.bool)), ())
+      return tf.argmax(out.policy_logits, axis=-1, output_type=tf.int32)
+
+  policy = Policy(net)
+  obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+  tf.saved_model.save(policy, str(tmp_path / 'policy'))
+  loaded = tf.saved_model.load(str(tmp_path / 'policy'))
+  np.testing.assert_array_equal(loaded(obs), policy(obs))
+
+
+def test_wrong_observation_shape_raises():
+  net = _net('mlp', use_lstm=False)
+  with pytest.raises(ValueError, match='observation shape'):
+    net.step(_inputs((B,), (6,), np.float32), ())
+
+
+def test_shallow_too_small_raises():
+  with pytest.raises(ValueError, match='network=shallow'):
+    networks.AgentNetwork((10, 10, 1), np.uint8, A, torso='shallow')
+
+
+def test_make_network_auto_and_errors():
+  cfg = config_lib.Config(network='auto', mlp_hidden_sizes=(8,), use_lstm=True,
+                          lstm_size=H)
+  vec = gym.spaces.Box(-1, 1, (4,), np.float32)
+  img = gym.spaces.Box(0, 255, (20, 20, 3), np.uint8)
+  net = networks.make_network(cfg, vec, gym.spaces.Discrete(3))
+  assert (net.torso_name, net.num_actions, net.use_lstm) == ('mlp', 3, True)
+  assert net.observation_shape == (4,) and net.observation_dtype == tf.float32
+  net = networks.make_network(cfg.replace(use_lstm=False), img,
+                              gym.spaces.Discrete(5))
+  assert net.torso_name == 'deep' and net.observation_dtype == tf.uint8
+  net = networks.make_network(cfg.replace(network='shallow'), img,
+                              gym.spaces.Discrete(5))
+  assert net.torso_name == 'shallow'
+  # mlp on images flattens them.
+  net = networks.make_network(cfg.replace(network='mlp'), img, gym.spaces.Discrete(5))
+  assert net.torso.input_size == 20 * 20 * 3
+
+  for name in ('shallow', 'deep'):
+    with pytest.raises(ValueError, match=f'network={name}'):
+      networks.make_network(cfg.replace(network=name), vec, gym.spaces.Discrete(2))
+  with pytest.raises(ValueError, match='Box'):
+    networks.make_network(cfg, vec, gym.spaces.Box(-1, 1, (2,)))
+  with pytest.raises(ValueError, match='MultiDiscrete'):
+    networks.make_network(cfg, vec, gym.spaces.MultiDiscrete([2, 2]))
+  with pytest.raises(ValueError, match='start'):
+    networks.make_network(cfg, vec, gym.spaces.Discrete(3, start=1))
+  with pytest.raises(ValueError, match='observation space'):
+    networks.make_network(cfg, gym.spaces.Discrete(16), gym.spaces.Discrete(4))
+
+
+@pytest.mark.parametrize('legacy_keras', ['0', '1'])
+def test_works_without_keras(legacy_keras):
+  """Runs with Keras 3 and with TF_USE_LEGACY_KERAS=1, importing no Keras itself.
+
+  `import tensorflow` may load Keras on its own; the network must add nothing.
+  """
+  code = ('import sys, numpy as np, tensorflow\n'
+          'def keras_mods():\n'
+          '  return {m for m in sys.modules if m.split(".")[0] in ("keras", "tf_keras")}\n'
+          'before = keras_mods()\n'
+          'from impala_tf import networks\n'
+          'n = networks.AgentNetwork((3,), np.float32, 2, use_lstm=True, lstm_size=4)\n'
+          'out, _ = n.unroll(networks.types.AgentInput(np.zeros((2, 1, 3), np.float32), '
+          'np.zeros((2, 1), np.int32), np.zeros((2, 1), np.float32), '
+          'np.zeros((2, 1), bool)))\n'
+          'assert out.policy_logits.shape == (2, 1, 2)\n'
+          'new = sorted(keras_mods() - before)\n'
+          'assert not new, new\n')
+  env = dict(os.environ, TF_USE_LEGACY_KERAS=legacy_keras, TF_CPP_MIN_LOG_LEVEL='3')
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run([sys.executable, '-c', code], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]

@@ -8,7 +8,9 @@ env; fields of `impala_tf.types.Unroll`, the recurrent state flattened into
 `core_state_0`, `core_state_1`, ...). Consecutive unrolls overlap by one step.
 
 The per-step loop does only what must be Python: one tf.function call for the whole
-batch of envs (forward pass and action sampling), one vectorised env step and a few
+batch of envs (the forward pass; only the observation crosses into TensorFlow for a
+feed-forward network), Gumbel-max sampling of the actions in numpy (seeded per unroll
+from the actor's checkpointed tf.random.Generator), one vectorised env step and a few
 numpy row writes. Episode returns and lengths are tracked per env with numpy.
 """
 
@@ -116,15 +118,36 @@ class Actor:
     self._unrolls_emitted = 0
     self.steps = 0  # Agent steps taken (summed over envs), read by the driver.
     self._rng = rng if rng is not None else tf.random.Generator.from_seed(seed)
-    self._policy = tf.function(self._policy_step)
+    self._recurrent = bool(network.initial_state(1))
+    if self._recurrent:
+      self._policy = tf.function(self._policy_step)
+    else:
+      self._policy = tf.function(self._policy_step_feedforward)
+    self._np_rng = None
 
   def _policy_step(self, observation, prev_action, reward, first, state):
+    """Recurrent policy: logits float32 `[B, A]` and the new core state."""
     inputs = types.AgentInput(observation, prev_action, reward, first)
     out, new_state = self._network.step(inputs, state)
-    seeds = self._rng.make_seeds(1)[:, 0]
-    action = tf.random.stateless_categorical(out.policy_logits, 1, seeds,
-                                             dtype=tf.int32)[:, 0]
-    return action, out.policy_logits, new_state
+    return out.policy_logits, new_state
+
+  def _policy_step_feedforward(self, observation):
+    """Feed-forward policy: only the observation crosses into TensorFlow."""
+    b = tf.shape(observation)[0]
+    inputs = types.AgentInput(observation, tf.zeros([b], tf.int32),
+                              tf.zeros([b], tf.float32), tf.zeros([b], tf.bool))
+    out, _ = self._network.step(inputs, ())
+    return out.policy_logits
+
+  def _sample(self, logits: np.ndarray) -> np.ndarray:
+    """Samples actions int32 `[B]` from logits `[B, A]` (Gumbel-max, numpy)."""
+    return np.argmax(logits + self._np_rng.gumbel(size=logits.shape),
+                     axis=-1).astype(np.int32)
+
+  def _reseed(self):
+    """Draws this unroll's numpy sampling seed from the checkpointed TF RNG."""
+    seed = self._rng.uniform_full_int([2], dtype=tf.int64).numpy()
+    self._np_rng = np.random.default_rng([int(s) & (2**63 - 1) for s in seed])
 
   def close(self):
     """Closes the env (and its subprocesses, if any)."""
@@ -164,6 +187,7 @@ class Actor:
           'behaviour_logits': np.zeros((t_len + 1, b, num_actions), np.float32),
       }
 
+    self._reseed()
     buf = buffers()
     buf['observation'][0] = obs
     buf['first'][0] = True
@@ -171,12 +195,16 @@ class Actor:
     t = 0
     while not self._stop.is_set():
       # Act at row t.
-      action, logits, new_state = self._policy(
-          buf['observation'][t], buf['prev_action'][t], buf['reward'][t],
-          buf['first'][t], state)
-      action = action.numpy()
+      if self._recurrent:
+        logits, new_state = self._policy(
+            buf['observation'][t], buf['prev_action'][t], buf['reward'][t],
+            buf['first'][t], state)
+      else:
+        logits, new_state = self._policy(buf['observation'][t]), state
+      logits = logits.numpy()
+      action = self._sample(logits)
       buf['action'][t] = action
-      buf['behaviour_logits'][t] = logits.numpy()
+      buf['behaviour_logits'][t] = logits
       if t == t_len:
         if not self._emit(self._chunk(buf, state_at_start, t_len)):
           return
@@ -186,6 +214,7 @@ class Actor:
           buf[k][0] = v
         state_at_start = state
         self._refresh()
+        self._reseed()
         t = 0
       state = new_state
       # Step the envs with action[t]; fill row t + 1.

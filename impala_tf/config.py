@@ -96,7 +96,7 @@ class Config:
   num_sgd_iter: int = 1
   replay_proportion: float = 0.0
   replay_buffer_num_slots: int = 0
-  learner_queue_size: int = 16
+  learner_queue_size: int = 4
   learner_queue_timeout: float = 300.0
   # Learner and devices.
   num_gpus: int = 0

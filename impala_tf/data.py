@@ -141,7 +141,9 @@ class ChunkSource:
         return
       if chunk is None:
         return
-      replays = self._replay.add_and_sample(chunk) if self._replay else None
+      # `is not None`: an empty ReplayBuffer has len() 0, so it is falsy.
+      replays = (self._replay.add_and_sample(chunk) if self._replay is not None
+                 else None)
       with self._lock:
         self.num_fresh += len(chunk['replayed'])
         self.num_replayed += 0 if replays is None else len(replays['replayed'])
@@ -153,7 +155,7 @@ class ChunkSource:
 def build_dataset(source: ChunkSource, signature: Dict[str, tf.TensorSpec], *,
                   batch_size: int, num_loaders: int = 1, num_sgd_iter: int = 1,
                   minibatch_buffer_size: int = 1, num_replicas: int = 1,
-                  prefetch: int = 2) -> tf.data.Dataset:
+                  prefetch: int = 1) -> tf.data.Dataset:
   """The pipeline of the module docstring, up to per-replica shards.
 
   Args:
@@ -173,12 +175,15 @@ def build_dataset(source: ChunkSource, signature: Dict[str, tf.TensorSpec], *,
   if batch_size % num_replicas:
     raise ValueError(f'batch_size={batch_size}: must be divisible by the '
                      f'{num_replicas} learner replicas')
-  loaders = tf.data.Dataset.range(num_loaders)
-  ds = loaders.interleave(
-      lambda i: tf.data.Dataset.from_generator(
-          source.generator, args=(i,), output_signature=signature),
-      cycle_length=num_loaders, block_length=1, num_parallel_calls=num_loaders,
-      deterministic=False)
+  if num_loaders == 1:
+    ds = tf.data.Dataset.from_generator(
+        source.generator, args=(0,), output_signature=signature)
+  else:
+    ds = tf.data.Dataset.range(num_loaders).interleave(
+        lambda i: tf.data.Dataset.from_generator(
+            source.generator, args=(i,), output_signature=signature),
+        cycle_length=num_loaders, block_length=1, num_parallel_calls=num_loaders,
+        deterministic=False)
   ds = ds.unbatch().batch(batch_size, drop_remainder=True)
   if num_sgd_iter > 1 or minibatch_buffer_size > 1:
     def reuse_group(group):
@@ -197,7 +202,11 @@ def build_dataset(source: ChunkSource, signature: Dict[str, tf.TensorSpec], *,
           {k: tf.reshape(v, [num_replicas, per] + v.shape[1:].as_list())
            for k, v in b.items()})
     ds = ds.flat_map(split)
-  return ds.prefetch(prefetch * num_replicas)
+  options = tf.data.Options()
+  # Every buffered batch adds to the policy lag: keep only the explicit prefetch.
+  options.experimental_optimization.inject_prefetch = False
+  options.autotune.enabled = False
+  return ds.prefetch(prefetch * num_replicas).with_options(options)
 
 
 def distribute(strategy: tf.distribute.Strategy, make_dataset: Callable[[], tf.data.Dataset]):

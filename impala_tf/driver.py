@@ -30,7 +30,6 @@ from impala_tf import config as config_lib
 from impala_tf import data
 from impala_tf import distribute
 from impala_tf import environments
-from impala_tf import export
 from impala_tf import learner as learner_lib
 from impala_tf import losses
 from impala_tf import metrics as metrics_lib
@@ -353,5 +352,6 @@ def train(config: config_lib.Config,
   if fatal:
     e = fatal[0]
     raise TrainingError(str(e)) from e
-  export.save_policy(learner.network, os.path.join(config.logdir, 'saved_policy'))
+  checkpoints.save_policy(learner.network,
+                          os.path.join(config.logdir, checkpoints.SAVED_POLICY_SUBDIR))
   return RunResult(final, config.logdir, reached_target, interrupted)

@@ -217,6 +217,8 @@ def check_env_id(env_id: str) -> None:
     allowed = 'is not a registered gymnasium environment id'
     suggestion = _suggest(name)
     if suggestion is not None:
+      if module is not None:
+        suggestion = f'{module}:{suggestion}'
       allowed += f'; did you mean {suggestion}?'
     elif not _ale_registered:
       allowed += f' (Atari ids such as ALE/Pong-v5 need ale-py: {ATARI_INSTALL_HINT})'
@@ -312,7 +314,10 @@ def make_env(env_id: str,
   if not is_atari(env_id):
     return gym.make(env_id,
                     max_episode_steps=_episode_step_limit(spec, max_episode_frames))
-  kwargs = {'frameskip': 1, 'max_num_frames_per_episode': max_episode_frames}
+  # obs_type='grayscale': AtariPreprocessing reads the screen from the ALE
+  # itself, so the base env need not render RGB frames it would throw away.
+  kwargs = {'frameskip': 1, 'max_num_frames_per_episode': max_episode_frames,
+            'obs_type': 'grayscale'}
   if repeat_action_probability is not None:
     kwargs['repeat_action_probability'] = repeat_action_probability
   env = gym.make(env_id, **kwargs)
@@ -414,8 +419,10 @@ def make_vector_env(env_id: str,
     ConfigError: unknown env id or vectorization mode, or num_envs < 1.
     RuntimeError: if the vector env does not use NEXT_STEP autoreset.
   """
-  if not isinstance(num_envs, int) or num_envs < 1:
+  if (not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or
+      num_envs < 1):
     raise ConfigError('num_envs_per_actor', num_envs, 'must be an integer >= 1')
+  num_envs = int(num_envs)
   check_env_id(env_id)
   mode = resolve_vectorization(env_id, vectorization)
   if mode == 'vector_entry_point':

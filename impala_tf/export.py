@@ -1,87 +1,90 @@
 """SavedModel export of a policy; `python -m impala_tf.export --logdir=DIR`.
 
-`save_policy(network, path)` writes a SavedModel whose `serving_default` signature maps
-a batch of observations `[B, *obs_shape]` (the env's dtype) to
-`{'action': int32 [B] (sampled), 'greedy_action': int32 [B], 'policy_logits':
-float32 [B, A], 'baseline': float32 [B]}`. With a recurrent core it also takes
-`prev_action` int32 [B], `reward` float32 [B], `first` bool [B] and `core_state_0..k`
-float32 [B, S], and returns the new `core_state_*`. Loading needs TensorFlow only:
+`save_policy(network, path)` (implemented in `impala_tf.checkpoints`, re-exported
+here) writes a SavedModel whose `serving_default` signature maps a batch of
+observations `[B, *obs_shape]` (the env's dtype) to `{'action': int32 [B] (sampled),
+'greedy_action': int32 [B], 'policy_logits': float32 [B, A], 'baseline': float32
+[B]}`. With a recurrent core it also takes `prev_action` int32 [B], `reward` float32
+[B], `first` bool [B] and `core_state_0..k` float32 [B, S], and returns the new
+`core_state_*`; an `initial_state` signature (`batch_size` -> zero states) comes with
+it. Loading needs TensorFlow only:
 `tf.saved_model.load(path).signatures['serving_default'](observation=...)`.
 
-The command-line form restores the latest checkpoint of a run directory and writes
-`logdir/saved_policy` (or `--output`).
+A training run writes `logdir/saved_policy` when it ends. The command line restores
+the latest checkpoint of a run directory (also of a run that is still going, or was
+killed) into a network built from `logdir/config.json`, and writes the SavedModel to
+`logdir/saved_policy` or `--output`:
+
+    python -m impala_tf.export --logdir=/tmp/impala_cartpole [--output=PATH]
+
+A missing directory, config.json or checkpoint ends it with exit status 2 and one
+line on stderr.
 """
 
-import tensorflow as tf
+import os
+import sys
 
-from impala_tf import networks
-from impala_tf import types
+from absl import app
+from absl import flags
 
+from impala_tf import checkpoints
+from impala_tf import flags as flags_lib
 
-class _Policy(tf.Module):
-  """A tf.Module holding the network and the serving function."""
+PROG = 'impala_tf.export'
 
-  def __init__(self, network):
-    super().__init__(name='policy')
-    self.network = network
-    obs = tf.TensorSpec([None] + list(network.observation_shape),
-                        tf.as_dtype(network.observation_dtype), name='observation')
-    state_specs = [tf.TensorSpec([None, int(s.shape[-1])], tf.float32,
-                                 name=f'core_state_{i}')
-                   for i, s in enumerate(network.initial_state(1))]
-    if state_specs:
-      specs = [obs, tf.TensorSpec([None], tf.int32, name='prev_action'),
-               tf.TensorSpec([None], tf.float32, name='reward'),
-               tf.TensorSpec([None], tf.bool, name='first')] + state_specs
-      self.serve = tf.function(self._serve_recurrent, input_signature=specs)
-    else:
-      self.serve = tf.function(self._serve, input_signature=[obs])
-
-  def _outputs(self, out):
-    logits = out.policy_logits
-    return {
-        'action': tf.random.categorical(logits, 1, dtype=tf.int32)[:, 0],
-        'greedy_action': tf.argmax(logits, axis=-1, output_type=tf.int32),
-        'policy_logits': logits,
-        'baseline': out.baseline,
-    }
-
-  def _serve(self, observation):
-    b = tf.shape(observation)[0]
-    inputs = types.AgentInput(observation, tf.zeros([b], tf.int32),
-                              tf.zeros([b], tf.float32), tf.zeros([b], tf.bool))
-    out, _ = self.network.step(inputs, ())
-    return self._outputs(out)
-
-  def _serve_recurrent(self, observation, prev_action, reward, first, *state):
-    inputs = types.AgentInput(observation, prev_action, reward, first)
-    out, new_state = self.network.step(inputs, tuple(state))
-    result = self._outputs(out)
-    for i, s in enumerate(new_state):
-      result[f'core_state_{i}'] = s
-    return result
+save_policy = checkpoints.save_policy
 
 
-def save_policy(network, path: str):
-  """Writes the SavedModel described in the module docstring to `path`.
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines --logdir and --output (not at import: importing defines no flags)."""
+  if 'logdir' not in flag_values:
+    flags.DEFINE_string('logdir', None,
+                        'Run directory of an impala_tf.train run: config.json and '
+                        'checkpoints/ are read from it. Required.',
+                        flag_values=flag_values)
+  if 'output' not in flag_values:
+    flags.DEFINE_string('output', None,
+                        'Where to write the SavedModel; default LOGDIR/saved_policy. '
+                        'An existing SavedModel there is replaced.',
+                        flag_values=flag_values)
+
+
+def export_run(logdir: str, output: str = None) -> tuple:
+  """Restores the latest checkpoint of `logdir` and writes its SavedModel.
 
   Args:
-    network: an `impala_tf.networks.AgentNetwork` (variables may be mirrored).
-    path: output directory (replaced if it exists).
+    logdir: the run directory.
+    output: output directory; default `logdir/saved_policy`.
+
+  Returns:
+    (output path, checkpoint path).
+
+  Raises:
+    checkpoints.RunDirError: no config.json or no checkpoint.
   """
-  policy = _Policy(_plain_copy(network))
-  tf.saved_model.save(policy, path,
-                      signatures={'serving_default': policy.serve})
+  _, network, path = checkpoints.restore_network(logdir)
+  output = output or os.path.join(logdir, checkpoints.SAVED_POLICY_SUBDIR)
+  save_policy(network, output)
+  return output, path
 
 
-def _plain_copy(network):
-  """A copy of `network` with plain (non-mirrored) variables on the CPU."""
-  with tf.device('/cpu:0'):
-    hidden = [layer.b.shape[0] for layer in getattr(network.torso, 'layers', [])]
-    copy = networks.AgentNetwork(
-        network.observation_shape, network.observation_dtype, network.num_actions,
-        torso=network.torso_name, mlp_hidden_sizes=hidden or (64,),
-        use_lstm=network.use_lstm, lstm_size=network.lstm_size)
-  for dst, src in zip(copy.variables, network.variables):
-    dst.assign(src.numpy())
-  return copy
+def main(argv):
+  del argv  # parse_flags rejects positional arguments.
+  fv = flags.FLAGS
+  if not fv.logdir:
+    flags_lib.exit_with_error('--logdir is required: the run directory to export',
+                              PROG)
+  try:
+    output, path = export_run(fv.logdir, fv.output)
+  except checkpoints.RunDirError as e:
+    flags_lib.exit_with_error(str(e), PROG)
+  print(f'{PROG}: wrote {output} from {path}', flush=True)
+
+
+def run():
+  define_flags()
+  app.run(main, flags_parser=lambda argv: flags_lib.parse_flags(argv, prog=PROG))
+
+
+if __name__ == '__main__':
+  run()

@@ -31,8 +31,9 @@ class ReplayBuffer:
       replay_proportion: float >= 0, replayed unrolls per fresh unroll on average.
       seed: int, seeds the sampling.
     """
-    if replay_proportion < 0:
-      raise ValueError(f'replay_proportion={replay_proportion}: must be >= 0')
+    if not (math.isfinite(replay_proportion) and replay_proportion >= 0):
+      raise ValueError(f'replay_proportion={replay_proportion}: must be finite and '
+                       '>= 0')
     if replay_proportion > 0 and num_slots < 1:
       raise ValueError(f'replay_buffer_num_slots={num_slots}: must be >= 1 when '
                        f'replay_proportion={replay_proportion} > 0')

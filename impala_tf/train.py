@@ -21,6 +21,7 @@ from impala_tf import flags as flags_lib
 PROG = 'impala_tf.train'
 
 flags_lib.define_flags()
+flags.adopt_module_key_flags(flags_lib)
 FLAGS = flags.FLAGS
 
 

@@ -316,8 +316,16 @@ def log_probs_from_logits_and_actions(policy_logits, actions):
   """
   policy_logits = _to_float(policy_logits, 'policy_logits')
   actions = _to_int(actions, 'actions')
-  _check_ranks([('policy_logits', policy_logits, _LOGITS),
-                ('actions', actions, _SEQ)])
+  logits_rank, actions_rank = policy_logits.shape.rank, actions.shape.rank
+  if actions_rank is not None and actions_rank < 2:
+    raise ValueError(f'actions must have rank >= 2 ([T, B, ...]), got rank '
+                     f'{actions_rank} (shape {actions.shape})')
+  if (logits_rank is not None and actions_rank is not None and
+      logits_rank != actions_rank + 1):
+    raise ValueError(
+        f'policy_logits must have rank {actions_rank + 1} ([T, B, ..., '
+        f'num_actions], one more than actions), got rank {logits_rank} (shape '
+        f'{policy_logits.shape}); actions has shape {actions.shape}')
   return -tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=actions, logits=policy_logits)
 

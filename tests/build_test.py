@@ -397,8 +397,8 @@ def check_build(build_text: str, repo_root) -> List[str]:
         elif item.startswith(':'):
           if item[1:] not in by_name:
             problems.append(f'BUILD:{t.lineno}: {t.kind} "{t.name}": {attr} refers to '
-                            f'undefined target "{item}"; remove the line "{item}", '
-                            f'from its {attr}')
+                            f'undefined target "{item}"; define it, or remove "{item}", '
+                            f'from {attr}')
         elif item.startswith('@') or item.startswith('//'):
           continue
         elif not (repo_root / item).is_file():

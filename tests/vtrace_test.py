@@ -51,6 +51,10 @@ def _load_golden():
 GOLDEN = _load_golden()
 CASE_NAMES = sorted(GOLDEN)
 LOGITS_CASES = [n for n in CASE_NAMES if 'actions' in GOLDEN[n]]
+# Batch 1 (one replica gets an empty batch), trailing dims, masking, no clipping,
+# T=100, lambda 0.9 and logits; the other cases differ only in numbers.
+MIRRORED_CASES = ['b1_t5', 'b2x3x2_t7_trailing_lambda_0.9', 'b5_t100_masked',
+                  'b5_t100_noclip', 'b5_t20_logits']
 MODES = ('eager', 'function', 'function_unknown_shapes', 'graph_unknown_time',
          'graph_unknown_dims')
 _IW_INPUTS = ('log_rhos', 'discounts', 'rewards', 'values', 'bootstrap_value')
@@ -189,13 +193,30 @@ def test_any_unroll_length(num_steps, mode):
   _assert_close(out['pg_advantages'], ref_pg, 'pg_advantages')
 
 
-def test_long_unroll_without_discount_underflow_problems():
-  """T=1000 with tiny traces: products underflow to 0, results stay exact."""
-  inputs = _random_inputs(1000, (4,), seed=7)
-  inputs['log_rhos'] = np.full_like(inputs['log_rhos'], -30.)  # c_t ~ 1e-13
+def _recursive_reference(log_rhos, discounts, rewards, values, bootstrap_value):
+  """O(T) float64 backward recursion (clip 1, lambda 1), for long unrolls."""
+  log_rhos, discounts, rewards, values, bootstrap_value = (
+      np.asarray(x, np.float64)
+      for x in (log_rhos, discounts, rewards, values, bootstrap_value))
+  rhos = np.minimum(1.0, np.exp(log_rhos))
+  vs = np.zeros_like(values)
+  v_next, value_next = bootstrap_value, bootstrap_value
+  for t in reversed(range(len(values))):
+    delta = rhos[t] * (rewards[t] + discounts[t] * value_next - values[t])
+    vs[t] = values[t] + delta + discounts[t] * rhos[t] * (v_next - value_next)
+    v_next, value_next = vs[t], values[t]
+  vs_next = np.concatenate([vs[1:], bootstrap_value[None]])
+  return vs, rhos * (rewards + discounts * vs_next - values)
+
+
+def test_long_unroll_with_underflowing_traces():
+  """T=2000, traces of ~1e-13 per step: products underflow to 0, no harm."""
+  inputs = _random_inputs(2000, (4,), seed=7)
+  inputs['log_rhos'] = np.full_like(inputs['log_rhos'], -30.)
   inputs['log_rhos'][::7] = 0.
+  inputs['log_rhos'][500:700] = 0.  # and a long stretch of full traces
   out = _evaluate('function', vtrace.from_importance_weights, inputs)
-  ref_vs, ref_pg = gen.vtrace_reference(**inputs)
+  ref_vs, ref_pg = _recursive_reference(**inputs)
   _assert_close(out['vs'], ref_vs, 'vs')
   _assert_close(out['pg_advantages'], ref_pg, 'pg_advantages')
 
@@ -346,8 +367,16 @@ def test_log_probs_rank_error_names_argument(name):
   arrays = {'policy_logits': np.zeros((4, 3, 5), np.float32),
             'actions': np.zeros((4, 3), np.int32)}
   arrays[name] = arrays[name][..., None]
-  with pytest.raises(ValueError, match=f'^{name} must have rank'):
+  # With two arguments either may be the wrong one: the message names both.
+  with pytest.raises(ValueError, match='^policy_logits must have rank') as info:
     vtrace.log_probs_from_logits_and_actions(**arrays)
+  assert name in str(info.value)
+
+
+def test_time_only_actions_are_rejected():
+  with pytest.raises(ValueError, match='^actions must have rank >= 2'):
+    vtrace.log_probs_from_logits_and_actions(np.zeros((4, 5), np.float32),
+                                             np.zeros((4,), np.int32))
 
 
 @pytest.mark.parametrize('name', ('clip_rho_threshold', 'clip_pg_rho_threshold',
@@ -382,7 +411,7 @@ def test_mirrored_strategy_two_replicas_matches_golden():
   report = json.loads(proc.stdout.strip().splitlines()[-1])
   assert report['num_replicas'] == 2
   assert sorted(report['checked']) == sorted(
-      CASE_NAMES + [f'{n}/from_logits' for n in LOGITS_CASES])
+      MIRRORED_CASES + [f'{n}/from_logits' for n in LOGITS_CASES])
 
 
 def _mirrored_main():
@@ -427,7 +456,7 @@ def _mirrored_main():
     return label
 
   checked = []
-  for name in CASE_NAMES:
+  for name in MIRRORED_CASES:
     case = GOLDEN[name]
     checked.append(check(vtrace.from_importance_weights,
                          {k: case[k] for k in _IW_INPUTS}, _options(case), case,

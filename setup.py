@@ -46,13 +46,15 @@ setup(
         'absl-py>=2.0',
     ],
     extras_require={
-        'atari': ['ale-py>=0.9'],
+        # gymnasium's AtariPreprocessing resizes frames with OpenCV.
+        'atari': ['ale-py>=0.9', 'opencv-python-headless>=4.8'],
         'test': [
             'pytest>=8',
             'pytest-xdist>=3',
             # Legacy Keras for the TF_USE_LEGACY_KERAS=1 tests; must match tensorflow.
             'tf-keras>=2.16,<2.22',
             'ale-py>=0.9',
+            'opencv-python-headless>=4.8',
         ],
         'bench': ['matplotlib>=3.7'],
     },

@@ -10,9 +10,13 @@ For each unroll length T it reports the median time per call (ms) of:
   tf_function_xla_ms: the same with `jit_compile=True`;
   tf_scan_ms: a step-by-step `tf.scan` over time (the scalable_agent approach), in a
     tf.function, as the baseline the parallel scan replaced;
+  tf_scan_xla_ms: the same with `jit_compile=True`;
   numpy_ms: a plain numpy loop of the same recursion, in the same process.
+Each is wall time; `cpu_ms` has the process CPU time (all threads) of the same calls,
+which is less sensitive to other load on a shared machine (`load_average_1m`).
 Inputs are float32 `[T, B]` with random log_rhos in [-2, 2], discounts 0.99 with 5%
-episode ends. Each figure is the median over `repeats` timings of `calls` calls.
+episode ends. Each figure is the median over `repeats` timings of `calls` calls,
+timed round-robin.
 """
 
 import argparse
@@ -71,16 +75,37 @@ def make_inputs(num_steps, batch_size, seed=0):
           rng.normal(size=shape[1:]).astype(np.float32))
 
 
-def median_ms(fn, repeats, calls):
-  """Median over `repeats` of the mean wall time (ms) of `calls` calls of fn()."""
-  fn()  # warm-up (tracing, compilation)
-  times = []
+def median_ms(fns, repeats, calls):
+  """Median wall and CPU time per call (ms) of each of `fns`.
+
+  The functions are timed round-robin (`calls` calls of one, then of the next, ...,
+  `repeats` times over), so that a change in machine load hits them all alike.
+
+  Args:
+    fns: {label: zero-argument callable}.
+    repeats: number of timings per function.
+    calls: calls per timing.
+
+  Returns:
+    ({label: median wall ms per call}, {label: median process CPU ms per call}),
+    the CPU time summed over all of the process's threads.
+  """
+  for fn in fns.values():
+    fn()  # warm-up (tracing, compilation)
+  wall = {label: [] for label in fns}
+  cpu = {label: [] for label in fns}
   for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(calls):
-      fn()
-    times.append((time.perf_counter() - start) / calls * 1e3)
-  return round(float(np.median(times)), 4)
+    for label, fn in fns.items():
+      start, start_cpu = time.perf_counter(), time.process_time()
+      for _ in range(calls):
+        fn()
+      wall[label].append((time.perf_counter() - start) / calls * 1e3)
+      cpu[label].append((time.process_time() - start_cpu) / calls * 1e3)
+
+  def medians(times):
+    return {label: round(float(np.median(t)), 4) for label, t in times.items()}
+
+  return medians(wall), medians(cpu)
 
 
 def main():
@@ -101,21 +126,19 @@ def main():
     ours = tf.function(vtrace.from_importance_weights)
     ours_xla = tf.function(vtrace.from_importance_weights, jit_compile=True)
     scan = tf.function(scan_vtrace)
+    scan_xla = tf.function(scan_vtrace, jit_compile=True)
     ref_vs, _ = numpy_vtrace(*[a.astype(np.float64) for a in arrays])
     max_abs_error = float(np.max(np.abs(ours(*tensors).vs.numpy() - ref_vs)))
-    results.append({
-        'T': num_steps,
-        'B': args.batch_size,
-        'tf_function_ms': median_ms(lambda: fetch(ours(*tensors)), args.repeats,
-                                    args.calls),
-        'tf_function_xla_ms': median_ms(lambda: fetch(ours_xla(*tensors)),
-                                        args.repeats, args.calls),
-        'tf_scan_ms': median_ms(lambda: fetch(scan(*tensors)), args.repeats,
-                                args.calls),
-        'numpy_ms': median_ms(lambda: numpy_vtrace(*arrays), args.repeats,
-                              args.calls),
-        'max_abs_error_vs_float64': max_abs_error,
-    })
+    wall, cpu = median_ms({
+        'tf_function_ms': lambda: fetch(ours(*tensors)),
+        'tf_function_xla_ms': lambda: fetch(ours_xla(*tensors)),
+        'tf_scan_ms': lambda: fetch(scan(*tensors)),
+        'tf_scan_xla_ms': lambda: fetch(scan_xla(*tensors)),
+        'numpy_ms': lambda: numpy_vtrace(*arrays),
+    }, args.repeats, args.calls)
+    row = {'T': num_steps, 'B': args.batch_size, **wall, 'cpu_ms': cpu,
+           'max_abs_error_vs_float64': max_abs_error}
+    results.append(row)
 
   print(json.dumps({
       'benchmark': 'vtrace.from_importance_weights',

@@ -120,9 +120,9 @@ class Actor:
     self._rng = rng if rng is not None else tf.random.Generator.from_seed(seed)
     self._recurrent = bool(network.initial_state(1))
     if self._recurrent:
-      self._policy = tf.function(self._policy_step)
+      self._policy = tf.function(self._policy_step, autograph=False)
     else:
-      self._policy = tf.function(self._policy_step_feedforward)
+      self._policy = tf.function(self._policy_step_feedforward, autograph=False)
     self._np_rng = None
 
   def _policy_step(self, observation, prev_action, reward, first, state):

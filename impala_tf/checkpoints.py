@@ -161,6 +161,7 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
   try:
     status = tf.train.Checkpoint(network=network).read(path)
     status.assert_existing_objects_matched()
+    status.expect_partial()  # The optimizer and counters are not needed here.
   except (AssertionError, ValueError, tf.errors.OpError) as e:
     raise RunDirError(f'{path}: cannot restore the network of {CONFIG_FILE} from '
                       f'it: {str(e).splitlines()[0] if str(e) else e!r}') from None

@@ -75,7 +75,9 @@ class Learner(tf.Module):
           config, lambda: lr(self.consumed_frames))
       self.optimizer.build(self.network.trainable_variables)
     self._num_state = len(self.network.initial_state(1))
-    self._train = tf.function(self._train_step)
+    # No AutoGraph: the step has no data-dependent Python control flow, and
+    # converting it costs seconds of start-up.
+    self._train = tf.function(self._train_step, autograph=False)
 
   @property
   def strategy(self) -> tf.distribute.Strategy:

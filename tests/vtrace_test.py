@@ -5,7 +5,8 @@ The numpy reference and the golden cases come from
 in a tf.function (static and unknown shapes) and in TF1 graph mode with placeholders
 fed through a Session. The 2-replica MirroredStrategy check runs this file as a
 script in a subprocess (`python tests/vtrace_test.py mirrored`), because logical CPU
-devices must be configured before TensorFlow initialises.
+devices must be configured before TensorFlow initialises; it is started with the
+module's first test so that it overlaps the others.
 """
 
 import importlib.util
@@ -13,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -340,6 +342,22 @@ def test_bootstrap_rank_error_message():
     vtrace.from_importance_weights(**arrays)
 
 
+def test_graph_mode_with_unknown_ranks():
+  """Placeholders of unknown rank skip the static checks and still work."""
+  case = GOLDEN['b5x3_t5_trailing']
+  with tf.Graph().as_default():
+    placeholders = {k: tf.compat.v1.placeholder(tf.float32, None, name=k)
+                    for k in _IW_INPUTS}
+    out = vtrace.from_importance_weights(**placeholders, lambda_=0.9)
+    with tf.compat.v1.Session() as sess:
+      vs, pg_advantages = sess.run(
+          out, {placeholders[k]: case[k] for k in _IW_INPUTS})
+  ref_vs, ref_pg = gen.vtrace_reference(*[case[k] for k in _IW_INPUTS],
+                                        lambda_=0.9)
+  _assert_close(vs, ref_vs, 'vs')
+  _assert_close(pg_advantages, ref_pg, 'pg_advantages')
+
+
 def test_rank_error_in_graph_mode_with_unknown_dims():
   with tf.Graph().as_default():
     args = [tf.compat.v1.placeholder(tf.float32, [None, None]) for _ in range(4)]
@@ -401,14 +419,65 @@ def test_bootstrap_shape_mismatch_names_argument():
     vtrace.from_importance_weights(**arrays)
 
 
-def test_mirrored_strategy_two_replicas_matches_golden():
-  env = dict(os.environ, PYTHONPATH=_REPO, TF_CPP_MIN_LOG_LEVEL='2',
-             CUDA_VISIBLE_DEVICES='')
-  proc = subprocess.run([sys.executable, os.path.abspath(__file__), 'mirrored'],
-                        cwd=_REPO, env=env, capture_output=True, text=True,
-                        timeout=120)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  report = json.loads(proc.stdout.strip().splitlines()[-1])
+_MIRRORED_TEST = 'test_mirrored_strategy_two_replicas_matches_golden'
+
+
+class _MirroredRun:
+  """`python tests/vtrace_test.py mirrored` in a subprocess, output to temp files."""
+
+  def __init__(self):
+    env = dict(os.environ, PYTHONPATH=_REPO, TF_CPP_MIN_LOG_LEVEL='2',
+               CUDA_VISIBLE_DEVICES='')
+    self._stdout = tempfile.TemporaryFile(mode='w+')
+    self._stderr = tempfile.TemporaryFile(mode='w+')
+    self.process = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), 'mirrored'], cwd=_REPO,
+        env=env, stdout=self._stdout, stderr=self._stderr, text=True)
+
+  def result(self, timeout=180):
+    """Waits; returns (returncode, stdout, stderr)."""
+    returncode = self.process.wait(timeout=timeout)
+    outputs = []
+    for f in (self._stdout, self._stderr):
+      f.seek(0)
+      outputs.append(f.read())
+    return (returncode, *outputs)
+
+  def close(self):
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait()
+    self._stdout.close()
+    self._stderr.close()
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _mirrored_run(request):
+  """Starts the MirroredStrategy subprocess with the module's first test.
+
+  It then runs on the second core while the in-process tests run, and the
+  MirroredStrategy test only collects its result. It is started only when that
+  test is selected, and not in advance under pytest-xdist (where it may be
+  scheduled on another worker).
+  """
+  selected = any(item.name == _MIRRORED_TEST for item in request.session.items)
+  run = None
+  if selected and not os.environ.get('PYTEST_XDIST_WORKER'):
+    run = _MirroredRun()
+  yield run
+  if run is not None:
+    run.close()
+
+
+def test_mirrored_strategy_two_replicas_matches_golden(_mirrored_run):
+  run = _mirrored_run or _MirroredRun()
+  try:
+    returncode, stdout, stderr = run.result()
+  finally:
+    if run is not _mirrored_run:
+      run.close()
+  assert returncode == 0, stdout[-3000:] + stderr[-3000:]
+  report = json.loads(stdout.strip().splitlines()[-1])
   assert report['num_replicas'] == 2
   assert sorted(report['checked']) == sorted(
       MIRRORED_CASES + [f'{n}/from_logits' for n in LOGITS_CASES])

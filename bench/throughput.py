@@ -1,0 +1,89 @@
+"""Steady-state throughput of the whole trainer on CartPole-v1; prints JSON.
+
+Usage:
+  python bench/throughput.py [--frames=400000] [--settings=default,sgd4]
+
+For each setting it runs `python -m impala_tf.train` in a fresh process for `frames`
+env frames (no target return) and reads metrics.jsonl (one line per second). Rates are
+measured between the first metrics line after the first learner step and the last
+line before the end, so TensorFlow's import and tracing are excluded (the start-up is
+reported separately):
+
+* env_fps: env frames produced by the actors per second;
+* learner_fps: frames trained per second (counting minibatch reuse);
+* learner_wait_fraction: share of the learner loop spent waiting for data
+  (0 = the loading path never starves the learner).
+
+Settings: `default` (the trainer's defaults) and `sgd4` (`--num_sgd_iter=4`, which
+makes the learner the bottleneck).
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+SETTINGS = {
+    'default': [],
+    'sgd4': ['--num_sgd_iter=4'],
+}
+
+
+def measure(name, frames, extra, workdir):
+  logdir = os.path.join(workdir, name)
+  cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}',
+         f'--total_environment_frames={frames}', '--log_interval_secs=1'
+         ] + SETTINGS[name] + extra
+  start = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    return {'setting': name, 'error': proc.stderr.strip().splitlines()[-1:]}
+  with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    lines = [json.loads(l) for l in f]
+  steady = [l for l in lines[1:] if not l.get('final')]
+  if len(steady) < 2:
+    return {'setting': name, 'error': 'run too short for a steady-state window'}
+  a, b = steady[0], steady[-1]
+  dt = b['wall_seconds'] - a['wall_seconds']
+  waits = [l['learner_wait_fraction'] for l in steady[1:]]
+  return {
+      'setting': name,
+      'flags': SETTINGS[name] + extra,
+      'env_fps': round((b['env_frames'] - a['env_frames']) / dt),
+      'learner_fps': round((b['trained_frames'] - a['trained_frames']) / dt),
+      'learner_steps_per_sec': round((b['learner_steps'] - a['learner_steps']) / dt,
+                                     1),
+      'learner_wait_fraction': round(sum(waits) / len(waits), 3) if waits else None,
+      'policy_lag_mean': round(sum(l['policy_lag_mean'] for l in steady) /
+                               len(steady), 2),
+      'window_seconds': round(dt, 1),
+      'startup_seconds_to_first_learner_step': lines[-1].get('startup_seconds'),
+      'process_seconds': round(time.time() - start, 1),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--frames', type=int, default=400_000)
+  parser.add_argument('--settings', default='default,sgd4')
+  parser.add_argument('extra', nargs='*', help='extra train flags after --')
+  args = parser.parse_args()
+  results = []
+  with tempfile.TemporaryDirectory() as workdir:
+    for name in args.settings.split(','):
+      results.append(measure(name, args.frames, args.extra, workdir))
+      print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+  print(json.dumps({
+      'benchmark': 'cartpole_throughput',
+      'machine': {'cpus': os.cpu_count(), 'python': platform.python_version()},
+      'frames_per_run': args.frames,
+      'results': results,
+  }, indent=1))
+
+
+if __name__ == '__main__':
+  main()

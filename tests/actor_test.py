@@ -1,0 +1,260 @@
+"""Tests for impala_tf.actor on the deterministic chain env of impala_tf.testing.
+
+ChainEnv: every episode is 8 steps of reward 1, observation [t / 8, 1, -1]. With
+NEXT_STEP autoreset the global row sequence of every env is periodic with period 9:
+rows 9e (first, reward 0), 9e + 1 .. 9e + 8 (reward 1), row 9e + 8 terminated.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import actor as actor_lib
+from impala_tf import environments
+from impala_tf import networks
+from impala_tf import testing
+from impala_tf import types
+
+B, T = 3, 5
+ROW_FIELDS = ('observation', 'reward', 'terminated', 'truncated', 'first',
+              'prev_action', 'action', 'behaviour_logits')
+
+
+def _net(use_lstm=False, seed=0):
+  return networks.AgentNetwork((3,), tf.float32, 2, mlp_hidden_sizes=(8,),
+                               use_lstm=use_lstm, lstm_size=4, seed=seed)
+
+
+def _run(net, num_chunks, env_id=testing.CHAIN_ID, broadcast=None, on_chunk=None,
+         actor_id=0):
+  """Runs an Actor until it has emitted `num_chunks`; returns (chunks, episodes)."""
+  env = environments.make_vector_env(env_id, B, seed=0, vectorization='sync')
+  chunks, episodes = [], []
+
+  def emit(chunk):
+    chunks.append(chunk)
+    if on_chunk is not None:
+      on_chunk(len(chunks) - 1)
+    return len(chunks) < num_chunks
+
+  act = actor_lib.Actor(actor_id, env, net, broadcast or actor_lib.ParameterBroadcast(),
+                        T, emit, episodes.extend, seed=0,
+                        stop_event=threading.Event())
+  try:
+    act.run()
+  finally:
+    act.close()
+  assert len(chunks) == num_chunks
+  assert act.steps == B * T * num_chunks
+  return chunks, episodes, act
+
+
+def _rows(chunks, key):
+  """Global row sequence `[B, num_chunks * T + 1, ...]` (overlap removed)."""
+  parts = [c[key][:, :T] for c in chunks] + [chunks[-1][key][:, T:]]
+  return np.concatenate(parts, axis=1)
+
+
+def _logits(net, chunk, state=None):
+  """The network's logits for a chunk's stored rows (time-major unroll)."""
+  tm = lambda x: np.swapaxes(x, 0, 1)
+  inputs = types.AgentInput(tm(chunk['observation']), tm(chunk['prev_action']),
+                            tm(chunk['reward']), tm(chunk['first']))
+  out, final = net.unroll(inputs, state)
+  return tm(out.policy_logits.numpy()), final
+
+
+@pytest.fixture(scope='module')
+def mlp_run():
+  net = _net()
+  chunks, episodes, _ = _run(net, 6)
+  return net, chunks, episodes
+
+
+def test_chunk_shapes_and_dtypes(mlp_run):
+  _, chunks, _ = mlp_run
+  expected = {
+      'observation': ((B, T + 1, 3), np.float32),
+      'reward': ((B, T + 1), np.float32),
+      'terminated': ((B, T + 1), np.bool_),
+      'truncated': ((B, T + 1), np.bool_),
+      'first': ((B, T + 1), np.bool_),
+      'prev_action': ((B, T + 1), np.int32),
+      'action': ((B, T + 1), np.int32),
+      'behaviour_logits': ((B, T + 1, 2), np.float32),
+      'policy_version': ((B,), np.int64),
+      'unroll_id': ((B,), np.int64),
+      'replayed': ((B,), np.bool_),
+  }
+  for c in chunks:
+    assert set(c) == set(expected)  # No core_state_* without an LSTM.
+    for k, (shape, dtype) in expected.items():
+      assert c[k].shape == shape, k
+      assert c[k].dtype == dtype, k
+    assert not c['replayed'].any()
+
+
+def test_consecutive_unrolls_overlap_by_one_step(mlp_run):
+  _, chunks, _ = mlp_run
+  for prev, nxt in zip(chunks[:-1], chunks[1:]):
+    for k in ROW_FIELDS:
+      np.testing.assert_array_equal(prev[k][:, T], nxt[k][:, 0], err_msg=k)
+
+
+def test_rows_follow_the_chain_with_next_step_autoreset(mlp_run):
+  _, chunks, _ = mlp_run
+  n = len(chunks) * T + 1
+  g = np.arange(n)
+  pos = g % 9  # Position within the 9-row cycle (8 steps + the reset row).
+  first = _rows(chunks, 'first')
+  terminated = _rows(chunks, 'terminated')
+  reward = _rows(chunks, 'reward')
+  obs = _rows(chunks, 'observation')
+  for b in range(B):
+    np.testing.assert_array_equal(first[b], pos == 0)
+    np.testing.assert_array_equal(terminated[b], pos == 8)
+    np.testing.assert_array_equal(reward[b], np.where(pos == 0, 0.0, 1.0))
+    np.testing.assert_allclose(obs[b, :, 0], pos / 8.0)
+  assert not _rows(chunks, 'truncated').any()
+  # `first` exactly after each terminated row (and at the very first row).
+  np.testing.assert_array_equal(first[:, 1:], terminated[:, :-1])
+  assert first[:, 0].all()
+
+
+def test_prev_action_is_previous_action_except_at_first(mlp_run):
+  _, chunks, _ = mlp_run
+  action = _rows(chunks, 'action')
+  prev = _rows(chunks, 'prev_action')
+  first = _rows(chunks, 'first')
+  expected = np.where(first[:, 1:], 0, action[:, :-1])
+  np.testing.assert_array_equal(prev[:, 1:], expected)
+  np.testing.assert_array_equal(prev[:, 0], 0)
+  assert set(np.unique(action).tolist()) == {0, 1}  # Sampled, both appear.
+
+
+def test_episode_stats_for_the_chain(mlp_run):
+  _, chunks, episodes = mlp_run
+  # Rows 0..30 were produced; terminations at rows 8, 17, 26 for each env.
+  assert len(chunks) * T == 30
+  assert episodes == [types.EpisodeStats(8.0, 8)] * (3 * B)
+
+
+def test_behaviour_logits_are_the_networks_logits(mlp_run):
+  net, chunks, _ = mlp_run
+  for c in chunks:
+    logits, _ = _logits(net, c)
+    np.testing.assert_allclose(c['behaviour_logits'], logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(c['policy_version'], 0)  # Nothing published.
+
+
+def test_unroll_ids_unique_and_tagged_with_actor_id():
+  chunks, _, _ = _run(_net(), 3, actor_id=5)
+  ids = np.concatenate([c['unroll_id'] for c in chunks])
+  np.testing.assert_array_equal(ids, 5 * 2**40 + np.arange(3 * B))
+
+
+def test_truncation_is_not_termination():
+  chunks, episodes, _ = _run(_net(), 3, env_id=testing.CHAIN_TRUNCATED_ID)
+  # Time limit 5: rows 5, 11 truncated; rows 6, 12 first with reward 0.
+  pos = np.arange(3 * T + 1) % 6
+  truncated = _rows(chunks, 'truncated')
+  for b in range(B):
+    np.testing.assert_array_equal(truncated[b], pos == 5)
+    np.testing.assert_array_equal(_rows(chunks, 'first')[b], pos == 0)
+    np.testing.assert_array_equal(_rows(chunks, 'reward')[b],
+                                  np.where(pos == 0, 0.0, 1.0))
+  assert not _rows(chunks, 'terminated').any()
+  assert episodes == [types.EpisodeStats(5.0, 5)] * (2 * B)
+
+
+def test_policy_version_follows_broadcast():
+  net = _net(seed=0)
+  learner = _net(seed=1)
+  new = _net(seed=2)
+  broadcast = actor_lib.ParameterBroadcast()
+  broadcast.publish(3, [v.numpy() for v in learner.variables])
+  assert broadcast.version == 3
+
+  def on_chunk(index):
+    if index == 1:  # Between unrolls 1 and 2.
+      broadcast.publish(7, [v.numpy() for v in new.variables])
+
+  chunks, _, _ = _run(net, 4, broadcast=broadcast, on_chunk=on_chunk)
+  assert [int(c['policy_version'][0]) for c in chunks] == [3, 3, 7, 7]
+  for c in chunks:
+    assert len(set(c['policy_version'].tolist())) == 1
+  # The actor's snapshot now holds the published weights (not its initial ones).
+  for mine, theirs in zip(net.variables, new.variables):
+    np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+  # Unrolls 0, 1 acted with version 3. Unroll 2's row 0 is unroll 1's last row
+  # (acted before the refresh); its other rows and unroll 3 acted with version 7.
+  for c in chunks[:2]:
+    np.testing.assert_allclose(c['behaviour_logits'], _logits(learner, c)[0],
+                               rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(chunks[2]['behaviour_logits'][:, 1:],
+                             _logits(new, chunks[2])[0][:, 1:], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(chunks[3]['behaviour_logits'], _logits(new, chunks[3])[0],
+                             rtol=1e-5, atol=1e-6)
+  assert not np.allclose(_logits(new, chunks[3])[0], _logits(learner, chunks[3])[0])
+
+
+def test_lstm_core_state_chains_across_unrolls():
+  net = _net(use_lstm=True, seed=4)
+  chunks, _, _ = _run(net, 4)
+  for c in chunks:
+    assert c['core_state_0'].shape == (B, 4) and c['core_state_0'].dtype == np.float32
+    assert c['core_state_1'].shape == (B, 4) and c['core_state_1'].dtype == np.float32
+  np.testing.assert_array_equal(chunks[0]['core_state_0'], 0)
+  np.testing.assert_array_equal(chunks[0]['core_state_1'], 0)
+  for k, c in enumerate(chunks):
+    state = (c['core_state_0'], c['core_state_1'])
+    logits, _ = _logits(net, c, state)
+    np.testing.assert_allclose(c['behaviour_logits'], logits, rtol=1e-5, atol=1e-5)
+    if k + 1 < len(chunks):
+      # State after rows 0..T-1 of unroll k == state before row 0 of unroll k+1.
+      rows = {f: v[:, :T] for f, v in c.items() if f in ROW_FIELDS}
+      _, (h, cell) = _logits(net, rows, state)
+      nxt = chunks[k + 1]
+      np.testing.assert_allclose(nxt['core_state_0'], h.numpy(), rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(nxt['core_state_1'], cell.numpy(), rtol=1e-5,
+                                 atol=1e-6)
+      assert np.abs(nxt['core_state_1']).max() > 0  # Not trivially zero.
+
+
+def test_stop_event_ends_the_run():
+  env = environments.make_vector_env(testing.CHAIN_ID, B, seed=0,
+                                     vectorization='sync')
+  stop = threading.Event()
+  chunks = []
+
+  def emit(chunk):
+    chunks.append(chunk)
+    stop.set()
+    return True
+
+  act = actor_lib.Actor(0, env, _net(), actor_lib.ParameterBroadcast(), T, emit,
+                        lambda e: None, seed=0, stop_event=stop)
+  act.run()
+  act.close()
+  assert len(chunks) == 1
+  # Stops within one step of the unroll boundary after the emit.
+  assert B * T <= act.steps <= B * (T + 1)
+
+
+def test_episode_tracker_skips_reset_steps_and_reports_ends():
+  got = []
+  tracker = actor_lib.EpisodeTracker(2, got.extend)
+  tracker.update(np.array([1.0, 2.0]), np.array([True, True]),
+                 np.array([False, False]))
+  tracker.update(np.array([0.5, 3.0]), np.array([True, True]),
+                 np.array([False, True]))
+  assert got == [types.EpisodeStats(5.0, 2)]
+  # Env 1's next step is the NEXT_STEP reset: its reward is not counted.
+  tracker.update(np.array([1.0, 9.0]), np.array([True, False]),
+                 np.array([True, False]))
+  assert got == [types.EpisodeStats(5.0, 2), types.EpisodeStats(2.5, 3)]
+  tracker.update(np.array([0.0, 4.0]), np.array([False, True]),
+                 np.array([False, True]))
+  assert got[-1] == types.EpisodeStats(4.0, 1)

@@ -1,0 +1,283 @@
+"""End-to-end tests of impala_tf.driver.train and the `python -m impala_tf.train` CLI.
+
+The in-process runs use one learner replica (num_virtual_cpu_devices=0), so they
+can share the pytest process. The runs on 2 virtual CPU devices go through the
+command line in a subprocess (devices must be configured before TensorFlow
+initialises).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import config as config_lib
+from impala_tf import driver
+from impala_tf import testing
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+REQUIRED_KEYS = (
+    'env_frames', 'trained_frames', 'replayed_frames', 'consumed_frames',
+    'learner_steps', 'episodes', 'episode_return_mean', 'fps', 'wall_seconds',
+    'policy_lag_mean', 'policy_lag_max', 'learner_queue_size',
+    'learner_wait_fraction')
+
+
+def _read_metrics(logdir):
+  with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _check_counters(lines, config):
+  """Counters are consistent on every line and monotonic across lines."""
+  frames_per_step = config.batch_size * config.unroll_length
+  for m in lines:
+    for k in REQUIRED_KEYS:
+      assert k in m, (k, m)
+    assert m['trained_frames'] == m['learner_steps'] * frames_per_step, m
+    assert m['consumed_frames'] <= m['env_frames'], m
+    assert 0.0 <= m['learner_wait_fraction'] <= 1.0, m
+    assert 0 <= m['learner_queue_size'] <= config.learner_queue_size, m
+    assert m['policy_lag_max'] >= m['policy_lag_mean'] >= 0, m
+    assert m['fps'] >= 0 and m['wall_seconds'] > 0, m
+  for k in ('env_frames', 'trained_frames', 'consumed_frames', 'replayed_frames',
+            'learner_steps', 'episodes', 'wall_seconds'):
+    values = [m[k] for m in lines]
+    assert values == sorted(values), (k, values)
+
+
+def _check_final_identity(final, config):
+  """Every batch was used num_sgd_iter times, counted once as fresh or replayed."""
+  assert final['trained_frames'] == (
+      final['consumed_frames'] + final['replayed_frames']) * config.num_sgd_iter, final
+  ring = config.num_sgd_iter * config.minibatch_buffer_size
+  assert final['learner_steps'] % ring == 0, final  # The reuse ring was finished.
+
+
+def _check_checkpoint(logdir, final):
+  path = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+  assert path is not None, os.listdir(os.path.join(logdir, 'checkpoints'))
+  reader = tf.train.load_checkpoint(path)
+  names = reader.get_variable_to_shape_map()
+  def counter(name):
+    keys = [n for n in names if n.startswith(name + '/') and 'VARIABLE_VALUE' in n]
+    assert len(keys) == 1, (name, sorted(names))
+    return int(reader.get_tensor(keys[0]))
+  assert counter('learner_steps') == final['learner_steps']
+  assert counter('trained_frames') == final['trained_frames']
+  assert counter('consumed_frames') == final['consumed_frames']
+  assert counter('replayed_frames') == final['replayed_frames']
+  return path
+
+
+@pytest.fixture(scope='module')
+def replay_run(tmp_path_factory):
+  """One short run with replay and minibatch reuse; shared by several tests."""
+  logdir = str(tmp_path_factory.mktemp('replay_run'))
+  config = testing.tiny_config(
+      logdir=logdir, replay_proportion=0.5, replay_buffer_num_slots=8,
+      num_sgd_iter=2, minibatch_buffer_size=2, total_environment_frames=600,
+      log_interval_secs=0.3)
+  seen = []
+  result = driver.train(config, on_metrics=seen.append)
+  return config, result, seen
+
+
+def test_run_leaves_config_and_metrics(replay_run):
+  config, result, seen = replay_run
+  logdir = config.logdir
+  assert result.logdir == logdir
+  with open(os.path.join(logdir, 'config.json'), encoding='utf-8') as f:
+    saved = json.load(f)
+  assert saved == config.to_dict()
+  assert config_lib.Config.from_dict(saved) == config
+  lines = _read_metrics(logdir)
+  assert len(lines) >= 2 and len(lines) == len(seen)
+  _check_counters(lines, config)
+  final = lines[-1]
+  assert final['final'] is True and not any(m.get('final') for m in lines[:-1])
+  assert final['reached_target'] is False and final['interrupted'] is False
+  assert final == json.loads(json.dumps(result.metrics))
+  assert not result.reached_target and not result.interrupted
+  # The chain env returns 8 every episode.
+  assert final['episodes'] > 0 and final['episode_return_mean'] == 8.0
+  events = os.listdir(os.path.join(logdir, 'tensorboard'))
+  assert any(e.startswith('events.out.tfevents') for e in events), events
+
+
+def test_run_stops_at_total_environment_frames(replay_run):
+  config, result, _ = replay_run
+  final = result.metrics
+  total = config.total_environment_frames
+  assert final['env_frames'] >= total
+  # Back-pressure bounds how far the actors run ahead of the learner: the learner
+  # queue plus the tf.data buffers hold a few dozen unrolls, not thousands.
+  assert final['env_frames'] <= total + 2000, final
+  assert final['consumed_frames'] > 0
+
+
+def test_frames_identity_with_replay_and_reuse(replay_run):
+  config, result, _ = replay_run
+  final = result.metrics
+  _check_final_identity(final, config)
+  assert final['replayed_frames'] > 0 and final['consumed_frames'] > 0, final
+  assert final['learner_steps'] >= 4
+
+
+def test_checkpoint_and_saved_policy_hold_the_final_weights(replay_run):
+  config, result, _ = replay_run
+  path = _check_checkpoint(config.logdir, result.metrics)
+  # The saved policy loads with TensorFlow alone and equals the checkpointed net.
+  policy = tf.saved_model.load(os.path.join(config.logdir, 'saved_policy'))
+  obs = np.array([[t / 8.0, 1.0, -1.0] for t in range(8)], np.float32)
+  out = policy.signatures['serving_default'](observation=tf.constant(obs))
+  action = out['action'].numpy()
+  assert action.shape == (8,) and set(action.tolist()) <= {0, 1}
+  from impala_tf import environments  # pylint: disable=g-import-not-at-top
+  from impala_tf import networks  # pylint: disable=g-import-not-at-top
+  obs_space, action_space = environments.env_spaces(config.env)
+  net = networks.make_network(config.replace(seed=config.seed + 1), obs_space,
+                              action_space)
+  tf.train.Checkpoint(network=net).restore(path).expect_partial()
+  ref = net.step(_step_input(obs))[0]
+  np.testing.assert_allclose(out['policy_logits'].numpy(),
+                             ref.policy_logits.numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out['baseline'].numpy(), ref.baseline.numpy(),
+                             rtol=1e-5, atol=1e-5)
+
+
+def _step_input(obs):
+  from impala_tf import types  # pylint: disable=g-import-not-at-top
+  b = len(obs)
+  return types.AgentInput(tf.constant(obs), tf.zeros([b], tf.int32),
+                          tf.zeros([b], tf.float32), tf.zeros([b], tf.bool))
+
+
+def test_stop_event_from_another_thread_interrupts(tmp_path):
+  config = testing.tiny_config(
+      logdir=str(tmp_path), total_environment_frames=10_000_000, num_sgd_iter=2,
+      log_interval_secs=0.2)
+  stop = threading.Event()
+  first_line = threading.Event()
+
+  def stopper():
+    first_line.wait(timeout=120)
+    stop.set()
+
+  thread = threading.Thread(target=stopper, daemon=True)
+  thread.start()
+  result = driver.train(config, stop_event=stop,
+                        on_metrics=lambda m: first_line.set())
+  thread.join(timeout=5)
+  assert result.interrupted and not result.reached_target
+  final = _read_metrics(str(tmp_path))[-1]
+  assert final['interrupted'] is True and final['final'] is True
+  assert final['env_frames'] < config.total_environment_frames
+  _check_final_identity(final, config)
+  _check_checkpoint(str(tmp_path), final)
+  assert os.path.isdir(os.path.join(str(tmp_path), 'saved_policy'))
+
+
+def test_target_return_stops_early(tmp_path):
+  # Every chain episode returns 8: the 100-episode mean reaches 8 as soon as 100
+  # episodes are done (800 agent steps).
+  config = testing.tiny_config(logdir=str(tmp_path), target_return=8.0,
+                               total_environment_frames=200_000)
+  result = driver.train(config)
+  final = result.metrics
+  assert result.reached_target and not result.interrupted
+  assert final['reached_target'] is True
+  assert final['episodes'] >= 100
+  assert final['episode_return_mean'] == 8.0
+  assert final['env_frames'] < config.total_environment_frames
+  _check_counters(_read_metrics(str(tmp_path)), config)
+
+
+# --- Command line, 2 learner replicas on virtual CPU devices ----------------------
+
+_TINY_FLAGS = ['--num_actors=2', '--num_envs_per_actor=4', '--unroll_length=5',
+               '--batch_size=4', '--mlp_hidden_sizes=16']
+
+
+def _run_cli(logdir, flags, timeout=300):
+  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}'] + flags
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_REPO,
+                        timeout=timeout, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+  return proc
+
+
+def _check_cli_run(logdir, proc, expected):
+  config = config_lib.Config.from_dict(
+      json.load(open(os.path.join(logdir, 'config.json'), encoding='utf-8')))
+  for k, v in expected.items():
+    assert getattr(config, k) == v, (k, getattr(config, k), v)
+  lines = _read_metrics(logdir)
+  assert lines
+  _check_counters(lines, config)
+  final = lines[-1]
+  assert final['final'] is True and final['interrupted'] is False
+  assert final['env_frames'] >= config.total_environment_frames
+  _check_final_identity(final, config)
+  assert final['replayed_frames'] > 0 and final['consumed_frames'] > 0, final
+  _check_checkpoint(logdir, final)
+  assert 'impala_tf.train: done:' in proc.stdout
+  # Two towers: MirroredStrategy over both virtual CPU devices.
+  assert 'device:CPU:1' in proc.stdout + proc.stderr
+  return config, final
+
+
+def test_cli_two_replicas_replay_reuse_chain(tmp_path):
+  logdir = str(tmp_path / 'run')
+  flags = ['--env=impala_tf.testing:ImpalaChain-v0', '--num_data_loader_buffers=2',
+           '--replay_proportion=0.5', '--replay_buffer_num_slots=8',
+           '--num_sgd_iter=2', '--minibatch_buffer_size=2',
+           '--num_virtual_cpu_devices=2', '--total_environment_frames=2000'
+          ] + _TINY_FLAGS
+  proc = _run_cli(logdir, flags)
+  _, final = _check_cli_run(logdir, proc, dict(
+      num_virtual_cpu_devices=2, num_data_loader_buffers=2, replay_proportion=0.5,
+      replay_buffer_num_slots=8, num_sgd_iter=2, minibatch_buffer_size=2,
+      total_environment_frames=2000, mlp_hidden_sizes=(16,), batch_size=4))
+  assert final['episode_return_mean'] == 8.0
+  policy = tf.saved_model.load(os.path.join(logdir, 'saved_policy'))
+  out = policy.signatures['serving_default'](
+      observation=tf.constant([[0.0, 1.0, -1.0]], tf.float32))
+  assert out['action'].shape == (1,)
+
+
+def test_lstm_towers_replay_reuse_fake_image(tmp_path):
+  logdir = str(tmp_path / 'run')
+  flags = ['--env=impala_tf.testing:ImpalaFakeImage-v0', '--use_lstm',
+           '--lstm_size=16', '--num_sgd_iter=2', '--replay_proportion=0.5',
+           '--replay_buffer_num_slots=8', '--num_virtual_cpu_devices=2',
+           '--network=deep', '--num_actors=1', '--num_envs_per_actor=4',
+           '--unroll_length=5', '--batch_size=4', '--total_environment_frames=300']
+  proc = _run_cli(logdir, flags)
+  config, final = _check_cli_run(logdir, proc, dict(
+      use_lstm=True, lstm_size=16, network='deep', num_virtual_cpu_devices=2,
+      num_sgd_iter=2, replay_proportion=0.5))
+  assert final['learner_steps'] >= 2
+  # The recurrent SavedModel: uint8 images plus the core state in, state out.
+  policy = tf.saved_model.load(os.path.join(logdir, 'saved_policy'))
+  serve = policy.signatures['serving_default']
+  b = 2
+  out = serve(observation=tf.zeros([b, 36, 36, 2], tf.uint8),
+              prev_action=tf.zeros([b], tf.int32), reward=tf.zeros([b], tf.float32),
+              first=tf.ones([b], tf.bool),
+              core_state_0=tf.zeros([b, config.lstm_size], tf.float32),
+              core_state_1=tf.zeros([b, config.lstm_size], tf.float32))
+  assert out['policy_logits'].shape == (b, 3)
+  assert out['core_state_0'].shape == (b, config.lstm_size)
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

@@ -1,0 +1,175 @@
+"""Tests of impala_tf/evaluate.py: `python -m impala_tf.evaluate` on a finished run.
+
+The chain env (impala_tf.testing) gives reward 1 per step and ends after 8 steps
+whatever the actions, so every episode returns exactly 8: mean 8, std 0.
+"""
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from impala_tf import checkpoints
+from impala_tf import driver
+from impala_tf import evaluate
+from impala_tf import testing
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PROG = 'impala_tf.evaluate'
+
+# TensorFlow's C++ runtime logs a few lines to stderr at import time, before any of
+# our code runs (TF_CPP_MIN_LOG_LEVEL does not silence them all); they are not ours.
+_NATIVE_LOG_RE = re.compile(
+    r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
+    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
+    r'following instructions: .*)$')
+
+
+def _python(args, timeout=180):
+  env = dict(os.environ)
+  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _own_stderr_lines(stderr):
+  return [l for l in stderr.splitlines() if l.strip() and not _NATIVE_LOG_RE.match(l)]
+
+
+def _json_line(stdout):
+  lines = [l for l in stdout.splitlines() if l.startswith('{')]
+  assert lines, stdout
+  return json.loads(lines[-1])
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """A tiny finished LSTM run of the chain env (checkpoint and saved_policy)."""
+  logdir = str(tmp_path_factory.mktemp('run'))
+  driver.train(testing.tiny_config(logdir=logdir, use_lstm=True,
+                                   total_environment_frames=120))
+  return logdir
+
+
+@pytest.fixture(scope='module')
+def cli(run, tmp_path_factory):
+  """Every evaluate command line, run 4 at a time (TF's import dominates)."""
+  tmp = tmp_path_factory.mktemp('cli')
+  no_checkpoint = tmp / 'no_checkpoint'
+  no_checkpoint.mkdir()
+  shutil.copy(os.path.join(run, 'config.json'), no_checkpoint)
+  commands = {
+      'default': [f'--logdir={run}', '--num_episodes=5'],
+      'greedy_saved_model': [f'--logdir={run}', '--num_episodes=7', '--greedy',
+                             '--source=saved_model', '--seed=3', '--num_envs=3'],
+      'missing': [f'--logdir={tmp / "missing"}', '--num_episodes=2'],
+      'no_checkpoint': [f'--logdir={no_checkpoint}'],
+      'no_saved_model': [f'--logdir={no_checkpoint}', '--source=saved_model'],
+      'bad_flag': [f'--logdir={run}', '--num_episodes=0'],
+      'bad_source': [f'--logdir={run}', '--source=onnx'],
+  }
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    futures = {k: pool.submit(_python, ['-m', 'impala_tf.evaluate', *args])
+               for k, args in commands.items()}
+    return {k: f.result() for k, f in futures.items()}
+
+
+def test_cli_prints_mean_std_min_max_of_the_checkpoint_policy(cli, run):
+  result = cli['default']
+  assert result.returncode == 0, result.stderr[-3000:]
+  human = [l for l in result.stdout.splitlines() if l.startswith(f'{PROG}: ')]
+  assert len(human) == 1, result.stdout
+  assert re.search(r'return mean 8\.00 std 0\.00 min 8\.00 max 8\.00', human[0])
+  r = _json_line(result.stdout)
+  assert r['episodes'] == 5
+  assert r['episode_return_mean'] == 8.0
+  assert r['episode_return_std'] == 0.0
+  assert r['episode_return_min'] == 8.0 and r['episode_return_max'] == 8.0
+  assert r['episode_returns'] == [8.0] * 5
+  assert r['source'] == 'checkpoint'
+  assert r['path'] == checkpoints.latest_checkpoint(run)
+  assert r['greedy'] is False
+
+
+def test_cli_greedy_from_the_saved_model(cli, run):
+  result = cli['greedy_saved_model']
+  assert result.returncode == 0, result.stderr[-3000:]
+  r = _json_line(result.stdout)
+  assert r['episodes'] == 7  # 3 envs play 3 + 2 + 2 episodes.
+  assert (r['episode_return_mean'], r['episode_return_std']) == (8.0, 0.0)
+  assert r['episode_lengths'] == [8] * 7
+  assert r['source'] == 'saved_model'
+  assert r['path'] == os.path.join(run, 'saved_policy')
+  assert r['greedy'] is True and r['seed'] == 3
+
+
+@pytest.mark.parametrize('case,message', [
+    ('missing', 'no such directory'),
+    ('no_checkpoint', 'has no checkpoint'),
+    ('no_saved_model', 'has no SavedModel'),
+    ('bad_flag', '--num_episodes=0'),
+    ('bad_source', '--source'),
+])
+def test_cli_errors_are_one_line_exit_2(cli, case, message):
+  result = cli[case]
+  assert result.returncode == 2, (result.stdout, result.stderr[-3000:])
+  lines = _own_stderr_lines(result.stderr)
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f'{PROG}: error: '), lines[0]
+  assert message in lines[0], lines[0]
+  assert 'Traceback' not in result.stderr
+  assert result.stdout == ''
+
+
+def test_library_evaluate_sources_agree(run):
+  by_ckpt = evaluate.evaluate(run, num_episodes=4, greedy=True)
+  by_model = evaluate.evaluate(run, num_episodes=4, greedy=True,
+                               source='saved_model')
+  for r in (by_ckpt, by_model):
+    assert r['episode_returns'] == [8.0] * 4
+  with pytest.raises(ValueError, match='source=x'):
+    evaluate.evaluate(run, source='x')
+
+
+class _FixedPolicy:
+  """Logits that always prefer action 1; records the inputs it was given."""
+
+  def __init__(self):
+    self.firsts = []
+
+  def initial_state(self, batch_size):
+    return ()
+
+  def __call__(self, observation, prev_action, reward, first, state):
+    self.firsts.append(np.array(first))
+    return np.tile(np.array([[-5.0, 5.0]], np.float32), (len(first), 1)), state
+
+
+def test_run_episodes_counts_whole_episodes_and_episode_starts():
+  cfg = testing.tiny_config(env=testing.CHAIN_TRUNCATED_ID)
+  policy = _FixedPolicy()
+  r = evaluate.run_episodes(cfg, policy, num_episodes=5, num_envs=2, seed=1)
+  # Truncated after 5 steps: 5 episodes of length 5 (3 in env 0, 2 in env 1).
+  assert r['episode_lengths'] == [5] * 5 and r['episode_returns'] == [5.0] * 5
+  firsts = np.stack(policy.firsts)
+  # Step 0 starts episodes; after 5 steps the NEXT_STEP reset gives a first obs.
+  assert firsts[0].all() and firsts[6].all() and not firsts[1:6].any()
+
+
+def test_sample_follows_the_softmax():
+  rng = np.random.default_rng(0)
+  logits = np.log(np.array([[0.2, 0.8], [1.0, 1e-9]], np.float32))
+  actions = np.stack([evaluate._sample(logits, rng) for _ in range(2000)])
+  assert abs(actions[:, 0].mean() - 0.8) < 0.05
+  assert (actions[:, 1] == 0).all()
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

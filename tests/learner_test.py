@@ -1,0 +1,371 @@
+"""Tests for impala_tf.learner: the tower property, the update, counters, clipping.
+
+The multi-replica checks run in a subprocess (virtual CPU devices must be configured
+before TensorFlow initialises, and pytest runs many files in one process): the test
+writes a synthetic batch (shaped like the data pipeline's output, `[B, T + 1, ...]`)
+to an .npz file, and the script trains one step on 1 and on 2 replicas of
+MirroredStrategy over virtual CPU devices, feeding the batch through the real
+`data.build_dataset` + `data.distribute`, and prints JSON.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import data
+from impala_tf import distribute
+from impala_tf import learner as learner_lib
+from impala_tf import losses
+from impala_tf import networks
+from impala_tf import testing
+from impala_tf import types
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+B, T, OBS, A = 4, 5, 3, 3
+OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
+ACTION_SPACE = gym.spaces.Discrete(A)
+
+
+def make_batch(seed=0, lstm_size=0, reward_scale=2.0):
+  """A synthetic batch `[B, T + 1, ...]` with episode ends inside the unroll.
+
+  Row 0 terminates at step 2 (a new episode starts at 3), row 1 is truncated at
+  step 3 (new episode at 4), row 3 starts an episode at step 1 without a preceding
+  end in the unroll (it ended in the previous unroll).
+  """
+  rng = np.random.default_rng(seed)
+  t1 = T + 1
+  terminated = np.zeros((B, t1), bool)
+  truncated = np.zeros((B, t1), bool)
+  first = np.zeros((B, t1), bool)
+  terminated[0, 2] = True
+  first[0, 3] = True
+  truncated[1, 3] = True
+  first[1, 4] = True
+  first[2, 0] = True
+  first[3, 1] = True
+  action = rng.integers(0, A, (B, t1)).astype(np.int32)
+  prev_action = np.concatenate([np.zeros((B, 1), np.int32), action[:, :-1]], axis=1)
+  prev_action[first] = 0
+  reward = (reward_scale * rng.standard_normal((B, t1))).astype(np.float32)
+  reward[first] = 0.0
+  batch = {
+      'observation': rng.standard_normal((B, t1, OBS)).astype(np.float32),
+      'reward': reward,
+      'terminated': terminated,
+      'truncated': truncated,
+      'first': first,
+      'prev_action': prev_action,
+      'action': action,
+      'behaviour_logits': rng.standard_normal((B, t1, A)).astype(np.float32),
+      'policy_version': np.array([5, 3, 4, 1], np.int64),
+      'unroll_id': np.arange(B, dtype=np.int64),
+      'replayed': np.array([False, True, False, True]),
+  }
+  if lstm_size:
+    batch['core_state_0'] = (0.5 * rng.standard_normal((B, lstm_size))).astype(
+        np.float32)
+    batch['core_state_1'] = (0.5 * rng.standard_normal((B, lstm_size))).astype(
+        np.float32)
+  return batch
+
+
+def _config(**kw):
+  base = dict(unroll_length=T, batch_size=B, mlp_hidden_sizes=(8,), lstm_size=8,
+              seed=3, total_environment_frames=10_000)
+  base.update(kw)
+  return testing.tiny_config(**base)
+
+
+def _make_learner(cfg, strategy=None, action_repeat=1):
+  strategy = strategy or distribute.get_strategy()
+  return learner_lib.Learner(
+      cfg, lambda: networks.make_network(cfg, OBS_SPACE, ACTION_SPACE), strategy,
+      action_repeat)
+
+
+def _shards(learner, batch):
+  """The batch (plus `reuse`, default 0) as a distributed value for 1 replica."""
+  batch = dict(batch)
+  batch.setdefault('reuse', np.zeros([B], np.int32))
+  ds = tf.data.Dataset.from_tensors(batch)
+  return next(iter(data.distribute(learner.strategy, lambda: ds)))
+
+
+def _reference_step(cfg, batch):
+  """The update by hand: a plain network, compute_loss, numpy clip and optimizer."""
+  net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
+  tm = lambda x: np.swapaxes(x, 0, 1)
+  state = tuple(batch[f'core_state_{i}'] for i in range(2)) if cfg.use_lstm else ()
+  rewards = tm(batch['reward'])[1:]
+  if cfg.reward_clipping == 'abs_one':
+    rewards = np.clip(rewards, -1, 1)
+  term, trunc = tm(batch['terminated']), tm(batch['truncated'])
+  with tf.GradientTape() as tape:
+    out, _ = net.unroll(types.AgentInput(
+        tm(batch['observation']), tm(batch['prev_action']), tm(batch['reward']),
+        tm(batch['first'])), state)
+    loss, _ = losses.compute_loss(
+        target_logits=out.policy_logits[:-1], values=out.baseline[:-1],
+        bootstrap_value=out.baseline[-1], actions=tm(batch['action'])[:-1],
+        behaviour_logits=tm(batch['behaviour_logits'])[:-1], rewards=rewards,
+        discounts=cfg.discounting * (1.0 - term[1:].astype(np.float32)),
+        mask=~(term | trunc)[:-1], baseline_cost=cfg.baseline_cost,
+        entropy_cost=cfg.entropy_cost)
+  grads = [g.numpy().astype(np.float64)
+           for g in tape.gradient(loss, net.trainable_variables)]
+  norm = np.sqrt(sum(np.sum(g**2) for g in grads))
+  if cfg.grad_clip > 0:
+    grads = [g * min(1.0, cfg.grad_clip / norm) for g in grads]
+  new = []
+  for w, g in zip(net.trainable_variables, grads):
+    w = w.numpy().astype(np.float64)
+    if cfg.optimizer == 'rmsprop':
+      ms = cfg.rmsprop_decay * 1.0 + (1 - cfg.rmsprop_decay) * g**2
+      new.append(w - cfg.learning_rate * g / np.sqrt(ms + cfg.rmsprop_epsilon))
+    else:
+      m = (1 - cfg.adam_beta1) * g
+      v = (1 - cfg.adam_beta2) * g**2
+      lr_t = cfg.learning_rate * np.sqrt(1 - cfg.adam_beta2) / (1 - cfg.adam_beta1)
+      new.append(w - lr_t * m / (np.sqrt(v) + cfg.adam_epsilon))
+  return float(loss), norm, new
+
+
+@pytest.mark.parametrize('optimizer,use_lstm', [('rmsprop', False), ('adam', True)])
+def test_one_replica_step_matches_hand_computed_update(optimizer, use_lstm):
+  cfg = _config(optimizer=optimizer, use_lstm=use_lstm, learning_rate=0.05,
+                grad_clip=0.5, reward_clipping='abs_one')
+  batch = make_batch(seed=1, lstm_size=8 if use_lstm else 0)
+  learner = _make_learner(cfg)
+  assert learner.strategy.num_replicas_in_sync == 1
+  before = [v.numpy() for v in learner.network.trainable_variables]
+  out = learner.step(_shards(learner, batch))
+  ref_loss, ref_norm, ref_weights = _reference_step(cfg, batch)
+  assert float(out['grad_norm']) > cfg.grad_clip  # Clipping happened.
+  np.testing.assert_allclose(float(out['grad_norm']), ref_norm, rtol=1e-5)
+  np.testing.assert_allclose(float(out['loss']), ref_loss, rtol=1e-5)
+  for w0, v, ref in zip(before, learner.network.trainable_variables, ref_weights):
+    np.testing.assert_allclose(v.numpy(), ref, atol=1e-6, rtol=1e-5, err_msg=v.name)
+  moved = max(np.max(np.abs(v.numpy() - w0))
+              for w0, v in zip(before, learner.network.trainable_variables))
+  assert moved > 1e-4
+  assert int(learner.optimizer.iterations.numpy()) == 1
+
+
+def test_repeated_steps_decrease_the_loss():
+  # A simple case where the loss is a fixed objective: constant rewards, no
+  # discounting, no episode ends, uniform behaviour policy, no clipping.
+  cfg = _config(optimizer='rmsprop', learning_rate=0.01, grad_clip=0.0,
+                entropy_cost=0.0, discounting=0.0, baseline_cost=1.0)
+  batch = make_batch(seed=2)
+  batch['reward'][:] = 2.0
+  batch['behaviour_logits'][:] = 0.0
+  for key in ('terminated', 'truncated', 'first'):
+    batch[key][:] = False
+  learner = _make_learner(cfg)
+  shards = _shards(learner, batch)
+  # The reported loss of a step is the loss at the weights before it.
+  results = [learner.step(shards) for _ in range(5)]
+  loss = [float(r['loss']) for r in results]
+  baseline = [float(r['baseline_loss']) for r in results]
+  assert all(b < a for a, b in zip(loss, loss[1:])), loss
+  assert all(b < a for a, b in zip(baseline, baseline[1:])), baseline
+  assert loss[-1] < 0.5 * loss[0], loss
+
+
+def test_counters_and_policy_lag():
+  cfg = _config(optimizer='rmsprop')
+  learner = _make_learner(cfg, action_repeat=4)
+  learner.learner_steps.assign(5)
+  learner.consumed_frames.assign(100)
+  batch = make_batch(seed=3)
+  # Unrolls: 0 fresh first use, 1 replayed first use, 2 fresh reused, 3 replayed
+  # reused.
+  batch['replayed'] = np.array([False, True, False, True])
+  batch['reuse'] = np.array([0, 0, 1, 2], np.int32)
+  batch['policy_version'] = np.array([5, 3, 4, 1], np.int64)
+  out = learner.step(_shards(learner, batch))
+  frames = T * 4  # unroll_length * action_repeat
+  assert int(learner.learner_steps.numpy()) == 6
+  assert int(learner.consumed_frames.numpy()) == 100 + frames
+  assert int(learner.replayed_frames.numpy()) == frames
+  assert int(learner.trained_frames.numpy()) == B * frames
+  assert float(out['fresh_frames']) == frames
+  assert float(out['replayed_frames']) == frames
+  assert float(out['trained_frames']) == B * frames
+  # Lag = learner steps before this step (5) - policy_version.
+  assert float(out['policy_lag_sum']) == 0 + 2 + 1 + 4
+  assert float(out['policy_lag_max']) == 4
+  assert float(out['num_unrolls']) == B
+  # A second step: learner_steps is now 6, so every lag grows by one.
+  out = learner.step(_shards(learner, batch))
+  assert float(out['policy_lag_sum']) == 7 + B
+  assert float(out['policy_lag_max']) == 5
+  assert int(learner.learner_steps.numpy()) == 7
+  assert int(learner.trained_frames.numpy()) == 2 * B * frames
+
+
+def test_num_valid_counts_masked_steps():
+  cfg = _config()
+  learner = _make_learner(cfg)
+  out = learner.step(_shards(learner, make_batch(seed=4)))
+  # T * B steps carry a loss, minus the step after the termination (row 0, t=2)
+  # and after the truncation (row 1, t=3).
+  assert float(out['num_valid']) == T * B - 2
+
+
+def test_clip_rewards_against_numpy():
+  r = np.array([[-7.0, -1.5, -1.0, -0.3, 0.0], [0.2, 1.0, 1.7, 5.0, 40.0]],
+               np.float32)
+  clip = lambda mode: learner_lib.clip_rewards(tf.constant(r), mode).numpy()
+  np.testing.assert_allclose(clip('abs_one'),
+                             np.clip(r, -1, 1))
+  squeezed = np.tanh(r / 5.0)
+  expected = np.where(r < 0, 0.3 * squeezed, squeezed) * 5.0
+  np.testing.assert_allclose(
+      clip('soft_asymmetric'), expected, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(clip('none'), r)
+
+
+def test_learner_applies_reward_clipping():
+  # abs_one on big rewards == none on np.clip'ed rewards (an MLP does not see
+  # the reward, so only the loss can tell them apart).
+  batch = make_batch(seed=5, reward_scale=4.0)
+  assert np.abs(batch['reward']).max() > 1.5
+  clipped = dict(batch, reward=np.clip(batch['reward'], -1, 1))
+  results = []
+  for mode, b in (('abs_one', batch), ('none', clipped), ('none', batch)):
+    learner = _make_learner(_config(reward_clipping=mode, grad_clip=0.0))
+    out = learner.step(_shards(learner, b))
+    results.append((float(out['loss']), learner.get_weights()))
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+  for w0, w1 in zip(results[0][1], results[1][1]):
+    np.testing.assert_allclose(w0, w1, atol=1e-7)
+  assert abs(results[0][0] - results[2][0]) > 1e-3
+
+
+_TOWER_SCRIPT = textwrap.dedent(r"""
+    import json, sys
+    from impala_tf import distribute
+    distribute.configure_devices(num_virtual_cpu_devices=2)
+    import gymnasium as gym
+    import numpy as np
+    import tensorflow as tf
+    from impala_tf import config as config_lib
+    from impala_tf import data
+    from impala_tf import learner as learner_lib
+    from impala_tf import networks
+
+    cases = json.load(open(sys.argv[1]))
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+    out = {}
+    for name, case in cases.items():
+      cfg = config_lib.Config.from_dict(case['config'])
+      arrays = dict(np.load(case['batch']))
+      signature = data.unroll_signature(
+          (3,), np.float32, 3, cfg.unroll_length,
+          [cfg.lstm_size] * 2 if cfg.use_lstm else [])
+      runs = {}
+      for n in (1, 2):
+        strategy = distribute.get_strategy(num_virtual_cpu_devices=n)
+        learner = learner_lib.Learner(
+            cfg, lambda: networks.make_network(cfg, obs_space, action_space),
+            strategy)
+        learner.learner_steps.assign(5)
+        chunks = iter([arrays])
+        source = data.ChunkSource(lambda: next(chunks, None), None)
+        dist = data.distribute(strategy, lambda: data.build_dataset(
+            source, signature, batch_size=cfg.batch_size,
+            num_replicas=strategy.num_replicas_in_sync))
+        w0 = learner.get_weights()
+        diags = learner.step(next(iter(dist)))
+        comps_equal = all(
+            all(np.array_equal(c.numpy(), strategy.experimental_local_results(v)[0].numpy())
+                for c in strategy.experimental_local_results(v))
+            for v in list(learner.network.variables) + [learner.learner_steps])
+        runs[n] = dict(
+            replicas=strategy.num_replicas_in_sync,
+            weights=learner.get_weights(), w0=w0,
+            diags={k: float(v) for k, v in diags.items()},
+            counters=[int(learner.learner_steps.numpy()),
+                      int(learner.consumed_frames.numpy()),
+                      int(learner.replayed_frames.numpy()),
+                      int(learner.trained_frames.numpy())],
+            iterations=int(learner.optimizer.iterations.numpy()),
+            comps_equal=comps_equal)
+      one, two = runs[1], runs[2]
+      out[name] = dict(
+          replicas=[one['replicas'], two['replicas']],
+          max_weight_diff=max(float(np.max(np.abs(a - b)))
+                              for a, b in zip(one['weights'], two['weights'])),
+          init_diff=max(float(np.max(np.abs(a - b)))
+                        for a, b in zip(one['w0'], two['w0'])),
+          moved=max(float(np.max(np.abs(a - b)))
+                    for a, b in zip(one['weights'], one['w0'])),
+          diags1=one['diags'], diags2=two['diags'],
+          counters=[one['counters'], two['counters']],
+          iterations=[one['iterations'], two['iterations']],
+          comps_equal=two['comps_equal'])
+    print('RESULT ' + json.dumps(out))
+""")
+
+
+def test_tower_property_two_replicas_equal_one(tmp_path):
+  cases = {}
+  specs = {
+      'rmsprop': dict(optimizer='rmsprop', learning_rate=0.05, grad_clip=0.5),
+      'adam': dict(optimizer='adam', learning_rate=0.01, grad_clip=0.5),
+      'lstm': dict(optimizer='rmsprop', learning_rate=0.05, grad_clip=0.5,
+                   use_lstm=True, reward_clipping='abs_one',
+                   entropy_cost=0.05),
+  }
+  for i, (name, kw) in enumerate(specs.items()):
+    cfg = _config(**kw)
+    batch = make_batch(seed=10 + i, lstm_size=cfg.lstm_size if cfg.use_lstm else 0)
+    path = tmp_path / f'{name}.npz'
+    np.savez(path, **batch)
+    cases[name] = dict(config=cfg.to_dict(), batch=str(path))
+  (tmp_path / 'cases.json').write_text(json.dumps(cases))
+  script = tmp_path / 'tower_check.py'
+  script.write_text(_TOWER_SCRIPT)
+  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  proc = subprocess.run([sys.executable, str(script), str(tmp_path / 'cases.json')],
+                        capture_output=True, text=True, env=env, cwd=_REPO,
+                        timeout=300, check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+  out = json.loads(lines[-1][len('RESULT '):])
+  assert set(out) == set(specs)
+  for name, r in out.items():
+    assert r['replicas'] == [1, 2], (name, r)
+    assert r['init_diff'] == 0.0, (name, r['init_diff'])  # Same seeded weights.
+    assert r['moved'] > 1e-4, (name, r['moved'])
+    assert r['max_weight_diff'] < 1e-5, (name, r['max_weight_diff'])
+    assert r['comps_equal'], name  # Every mirror holds the same value.
+    assert r['iterations'] == [1, 1], (name, r['iterations'])
+    d1, d2 = r['diags1'], r['diags2']
+    assert d1['grad_norm'] > specs[name]['grad_clip'], (name, d1['grad_norm'])
+    assert set(d1) == set(d2)
+    for k in d1:
+      np.testing.assert_allclose(d2[k], d1[k], rtol=1e-5, atol=1e-5,
+                                 err_msg=f'{name}: {k}')
+    # Fresh batch, first use: rows 1 and 3 are replayed.
+    frames = T
+    assert r['counters'][0] == r['counters'][1] == [6, 2 * frames, 2 * frames,
+                                                     B * frames], (name, r)
+    # Lags 0, 2, 1, 4: the max lives on the second replica's shard.
+    assert d2['policy_lag_max'] == 4 and d2['policy_lag_sum'] == 7, (name, d2)
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

@@ -124,6 +124,13 @@ class Actor:
     else:
       self._policy = tf.function(self._policy_step_feedforward, autograph=False)
     self._np_rng = None
+    variables = self._network.variables
+
+    def assign(weights):
+      for var, value in zip(variables, weights):
+        var.assign(value)
+    # One dispatch for all variables instead of one per variable.
+    self._assign = tf.function(assign, autograph=False)
 
   def _policy_step(self, observation, prev_action, reward, first, state):
     """Recurrent policy: logits float32 `[B, A]` and the new core state."""
@@ -162,8 +169,7 @@ class Actor:
     version, weights = self._broadcast.latest()
     if weights is None:
       return
-    for var, value in zip(self._network.variables, weights):
-      var.assign(value)
+    self._assign(weights)
     self._version = version
 
   def run(self):

@@ -78,6 +78,8 @@ class Learner(tf.Module):
     # No AutoGraph: the step has no data-dependent Python control flow, and
     # converting it costs seconds of start-up.
     self._train = tf.function(self._train_step, autograph=False)
+    # Reading all weights in one call (one dispatch, not one per variable).
+    self._read_weights = tf.function(self._read_weights_fn, autograph=False)
 
   @property
   def strategy(self) -> tf.distribute.Strategy:
@@ -90,7 +92,10 @@ class Learner(tf.Module):
 
   def get_weights(self):
     """The network's variables as numpy arrays (order of `network.variables`)."""
-    return [v.numpy() for v in self.network.variables]
+    return [w.numpy() for w in self._read_weights()]
+
+  def _read_weights_fn(self):
+    return [tf.identity(v) for v in self.network.variables]
 
   def step(self, shards) -> Dict[str, tf.Tensor]:
     """Runs one train step on a distributed batch (from `data.distribute`).

@@ -118,7 +118,7 @@ def test_run_stops_at_total_environment_frames(replay_run):
   assert final['env_frames'] >= total
   # Back-pressure bounds how far the actors run ahead of the learner: the learner
   # queue plus the tf.data buffers hold a few dozen unrolls, not thousands.
-  assert final['env_frames'] <= total + 2000, final
+  assert final["env_frames"] <= total + 1000, final
   assert final['consumed_frames'] > 0
 
 
@@ -260,7 +260,11 @@ def test_lstm_towers_replay_reuse_fake_image(tmp_path):
            '--lstm_size=16', '--num_sgd_iter=2', '--replay_proportion=0.5',
            '--replay_buffer_num_slots=8', '--num_virtual_cpu_devices=2',
            '--network=deep', '--num_actors=1', '--num_envs_per_actor=4',
-           '--unroll_length=5', '--batch_size=4', '--total_environment_frames=300']
+           '--unroll_length=5', '--batch_size=4', '--total_environment_frames=300',
+           # Back-pressure: with one chunk in the queue the actor cannot run far
+           # ahead, so the learner trains on most of the 300 frames (replays
+           # included) however fast the actor is.
+           '--learner_queue_size=1']
   proc = _run_cli(logdir, flags)
   config, final = _check_cli_run(logdir, proc, dict(
       use_lstm=True, lstm_size=16, network='deep', num_virtual_cpu_devices=2,

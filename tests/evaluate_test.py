@@ -60,7 +60,8 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def cli(run, tmp_path_factory):
-  """Every evaluate command line, run 4 at a time (TF's import dominates)."""
+  """The evaluate command lines, run at once (TF's import dominates). Other
+  errors are tested on the library function, in this process."""
   tmp = tmp_path_factory.mktemp('cli')
   no_checkpoint = tmp / 'no_checkpoint'
   no_checkpoint.mkdir()
@@ -71,9 +72,7 @@ def cli(run, tmp_path_factory):
                              '--source=saved_model', '--seed=3', '--num_envs=3'],
       'missing': [f'--logdir={tmp / "missing"}', '--num_episodes=2'],
       'no_checkpoint': [f'--logdir={no_checkpoint}'],
-      'no_saved_model': [f'--logdir={no_checkpoint}', '--source=saved_model'],
       'bad_flag': [f'--logdir={run}', '--num_episodes=0'],
-      'bad_source': [f'--logdir={run}', '--source=onnx'],
   }
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     futures = {k: pool.submit(_python, ['-m', 'impala_tf.evaluate', *args])
@@ -113,9 +112,7 @@ def test_cli_greedy_from_the_saved_model(cli, run):
 @pytest.mark.parametrize('case,message', [
     ('missing', 'no such directory'),
     ('no_checkpoint', 'has no checkpoint'),
-    ('no_saved_model', 'has no SavedModel'),
     ('bad_flag', '--num_episodes=0'),
-    ('bad_source', '--source'),
 ])
 def test_cli_errors_are_one_line_exit_2(cli, case, message):
   result = cli[case]
@@ -126,6 +123,16 @@ def test_cli_errors_are_one_line_exit_2(cli, case, message):
   assert message in lines[0], lines[0]
   assert 'Traceback' not in result.stderr
   assert result.stdout == ''
+
+
+def test_library_errors_say_what_is_missing(run, tmp_path):
+  with pytest.raises(checkpoints.RunDirError, match='no such directory'):
+    evaluate.evaluate(str(tmp_path / 'missing'))
+  shutil.copy(os.path.join(run, 'config.json'), tmp_path)
+  with pytest.raises(checkpoints.RunDirError, match='has no checkpoint'):
+    evaluate.evaluate(str(tmp_path))
+  with pytest.raises(checkpoints.RunDirError, match='has no SavedModel'):
+    evaluate.evaluate(str(tmp_path), source='saved_model')
 
 
 def test_library_evaluate_sources_agree(run):

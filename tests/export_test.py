@@ -17,7 +17,9 @@ import textwrap
 
 import pytest
 
+from impala_tf import checkpoints
 from impala_tf import driver
+from impala_tf import export
 from impala_tf import testing
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -121,18 +123,11 @@ def exported(runs, tmp_path_factory):
   default_logdir = str(tmp / 'copy')
   shutil.copytree(runs['mlp'], default_logdir)
   shutil.rmtree(os.path.join(default_logdir, 'saved_policy'))
-  no_checkpoint = tmp / 'no_checkpoint'
-  no_checkpoint.mkdir()
-  shutil.copy(os.path.join(runs['mlp'], 'config.json'), no_checkpoint)
-  no_config = tmp / 'no_config'
-  no_config.mkdir()
   out = str(tmp / 'exported')
   commands = {
       'output': [f'--logdir={runs["lstm"]}', f'--output={out}'],
       'default': [f'--logdir={default_logdir}'],
       'missing': [f'--logdir={tmp / "missing"}'],
-      'no_config': [f'--logdir={no_config}'],
-      'no_checkpoint': [f'--logdir={no_checkpoint}'],
       'no_flag': [],
   }
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -145,8 +140,7 @@ def exported(runs, tmp_path_factory):
       (os.path.join(runs['mlp'], 'saved_policy'), 'mlp', None),
       (os.path.join(runs['lstm'], 'saved_policy'), 'lstm', out))
   return dict(cli=cli, loaded=loaded, out=out, default_logdir=default_logdir,
-              dirs=dict(no_config=no_config, no_checkpoint=no_checkpoint,
-                        missing=tmp / 'missing'))
+              missing=tmp / 'missing')
 
 
 @pytest.mark.parametrize('kind', ['mlp', 'lstm'])
@@ -191,8 +185,6 @@ def test_export_cli_default_output_is_logdir_saved_policy(exported):
 
 @pytest.mark.parametrize('case,message', [
     ('missing', 'no such directory'),
-    ('no_config', 'has no config.json'),
-    ('no_checkpoint', 'has no checkpoint'),
     ('no_flag', '--logdir is required'),
 ])
 def test_export_cli_errors_are_one_line_exit_2(exported, case, message):
@@ -204,8 +196,21 @@ def test_export_cli_errors_are_one_line_exit_2(exported, case, message):
   assert 'logdir' in lines[0] and message in lines[0], lines[0]
   assert 'Traceback' not in result.stderr
   assert result.stdout == ''
-  if case in exported['dirs']:
-    assert not (exported['dirs'][case] / 'saved_policy').exists()
+  assert not exported['missing'].exists()
+
+
+def test_export_run_errors_say_what_is_missing(runs, tmp_path):
+  with pytest.raises(checkpoints.RunDirError, match='has no config.json'):
+    export.export_run(str(tmp_path))
+  shutil.copy(os.path.join(runs['mlp'], 'config.json'), tmp_path)
+  with pytest.raises(checkpoints.RunDirError, match='has no checkpoint'):
+    export.export_run(str(tmp_path))
+  assert not (tmp_path / 'saved_policy').exists()
+
+
+def test_export_defines_no_flags_on_import():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  assert 'output' not in flags.FLAGS
 
 
 if __name__ == '__main__':

@@ -21,27 +21,39 @@ _PACKAGE = os.path.join(_REPO, 'impala_tf')
 _KERAS_ROOTS = ('keras', 'tf_keras')
 
 
+def _keras_imports(source, name):
+  """`name:line: module` for every Keras import or `tf.keras` use in `source`."""
+  found = []
+  for node in ast.walk(ast.parse(source, name)):
+    if isinstance(node, ast.Import):
+      mods = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      mods = [node.module or ''] + [f'{node.module}.{a.name}' for a in node.names]
+    elif (isinstance(node, ast.Attribute) and node.attr == 'keras' and
+          isinstance(node.value, ast.Name) and node.value.id == 'tf'):
+      mods = ['tf.keras']  # Attribute access imports Keras lazily.
+    else:
+      continue
+    if any('keras' in m.split('.') or m.split('.')[0] in _KERAS_ROOTS for m in mods):
+      found.append(f'{name}:{node.lineno}: {mods[0]}')
+  return found
+
+
+def test_keras_import_checker_finds_every_form():
+  for source in ('import keras', 'import tf_keras as k', 'from keras import layers',
+                 'from tensorflow import keras', 'import tensorflow.keras',
+                 'from tensorflow.keras import layers',
+                 'import tensorflow as tf\nx = tf.keras.layers.Dense'):
+    assert _keras_imports(source, 'x.py'), source
+  assert not _keras_imports('import tensorflow as tf\nx = tf.nn.relu', 'x.py')
+
+
 def test_package_source_imports_no_keras():
   offenders = []
   for name in sorted(os.listdir(_PACKAGE)):
-    if not name.endswith('.py'):
-      continue
-    path = os.path.join(_PACKAGE, name)
-    with open(path, encoding='utf-8') as f:
-      source = f.read()
-    for node in ast.walk(ast.parse(source, path)):
-      if isinstance(node, ast.Import):
-        mods = [a.name for a in node.names]
-      elif isinstance(node, ast.ImportFrom):
-        mods = [node.module or ''] + [f'{node.module}.{a.name}' for a in node.names]
-      elif (isinstance(node, ast.Attribute) and node.attr == 'keras' and
-            isinstance(node.value, ast.Name) and node.value.id == 'tf'):
-        mods = ['tf.keras']  # Attribute access imports Keras lazily.
-      else:
-        continue
-      for mod in mods:
-        if 'keras' in mod.split('.') or mod.split('.')[0] in _KERAS_ROOTS:
-          offenders.append(f'{name}:{node.lineno}: {mod}')
+    if name.endswith('.py'):
+      with open(os.path.join(_PACKAGE, name), encoding='utf-8') as f:
+        offenders += _keras_imports(f.read(), name)
   assert not offenders, offenders
 
 

@@ -1,0 +1,349 @@
+"""End-to-end tests of `python -m impala_tf.train`, each run in a subprocess.
+
+* Bad command lines: exit status 1 or 2, one stderr line naming the flag, nothing
+  written to the logdir.
+* `--helpfull` lists every flag.
+* Resume after SIGKILL: the counters, the optimizer and the schedules continue.
+* SIGINT / SIGTERM: exit 0 within seconds, a final checkpoint, no process left.
+"""
+
+import concurrent.futures
+import glob
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from flags_test import BAD_INPUTS
+from impala_tf import flags as flags_lib
+from impala_tf import testing
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PROG = 'impala_tf.train'
+
+# TensorFlow's C++ runtime logs a few lines to stderr when it is imported (the GPU
+# check imports it), before any of our code runs; TF_CPP_MIN_LOG_LEVEL does not
+# silence them all. They are TF's, not ours, and are ignored when counting lines.
+_NATIVE_LOG_RE = re.compile(
+    r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
+    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
+    r'following instructions: .*)$')
+
+# A run that trains in seconds on the chain env (reward 1 per step, 8 steps).
+TINY = [f'--env={testing.CHAIN_ID}', '--num_actors=1', '--num_envs_per_actor=4',
+        '--unroll_length=5', '--batch_size=4', '--mlp_hidden_sizes=16',
+        '--learner_queue_size=4', '--log_interval_secs=0.5']
+
+_HAS_GPU = bool(glob.glob('/dev/nvidia[0-9]*'))
+
+# Picked from flags_test.BAD_INPUTS: flag parsing, single fields, cross-field rules.
+_PICKED = [
+    ['--batchsize=32'],
+    ['--batch_size=abc'],
+    ['--optimizer=sgd'],
+    ['--use_lstm', 'false'],
+    ['--mlp_hidden_sizes=64,x'],
+    ['--flagfile=/nonexistent/impala.cfg'],
+    ['--env='],
+    ['--num_actors=0'],
+    ['--discounting=1.5'],
+    ['--lr_schedule=1000:0.1,500:0.01'],
+    ['--clip_rho_threshold=0'],
+    ['--keep_checkpoints=0'],
+    ['--num_gpus=4', '--batch_size=30'],
+    ['--num_virtual_cpu_devices=3'],
+    ['--num_gpus=1', '--num_virtual_cpu_devices=2'],
+    ['--replay_proportion=0.5'],
+    ['--total_environment_frames=100'],
+]
+CLI_BAD_INPUTS = [case for case in BAD_INPUTS if case[0] in _PICKED] + [
+    # Checks that need the outside world: the env registry and the GPUs.
+    (['--env=CartPol-v1'], 'did you mean CartPole-v1?'),
+    (['--env=impala_tf.no_such_module:Foo-v0'], 'env'),
+    (['--num_gpus=64', '--batch_size=64'] if _HAS_GPU else ['--num_gpus=1'],
+     'num_gpus'),
+]
+
+
+def _env():
+  env = dict(os.environ)
+  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
+  return env
+
+
+def _train_cmd(*args):
+  return [sys.executable, '-m', 'impala_tf.train', *args]
+
+
+def _run(args, timeout=180):
+  return subprocess.run(_train_cmd(*args), cwd=REPO, env=_env(),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _start(args, log_path):
+  log = open(log_path, 'w', encoding='utf-8')
+  proc = subprocess.Popen(_train_cmd(*args), cwd=REPO, env=_env(), stdout=log,
+                          stderr=subprocess.STDOUT)
+  log.close()
+  return proc
+
+
+def _own_stderr_lines(stderr):
+  return [l for l in stderr.splitlines() if l.strip() and not _NATIVE_LOG_RE.match(l)]
+
+
+def _wait_for(predicate, proc, timeout, what):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    if proc.poll() is not None:
+      raise AssertionError(f'the run exited ({proc.returncode}) before {what}')
+    time.sleep(0.1)
+  proc.kill()
+  raise AssertionError(f'timed out after {timeout} s waiting for {what}')
+
+
+def _metrics(logdir):
+  path = os.path.join(logdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(l) for l in f if l.endswith('\n') and l.strip()]
+
+
+def _descendants(pid):
+  """Pids of every process below `pid`, from /proc."""
+  children = {}
+  for stat in glob.glob('/proc/[0-9]*/stat'):
+    try:
+      with open(stat, encoding='utf-8', errors='replace') as f:
+        text = f.read()
+    except OSError:
+      continue
+    fields = text[text.rindex(')') + 2:].split()
+    children.setdefault(int(fields[1]), []).append(int(stat.split('/')[2]))
+  found, todo = [], [pid]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      found.append(child)
+      todo.append(child)
+  return found
+
+
+def _alive(pid):
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8', errors='replace') as f:
+      text = f.read()
+  except OSError:
+    return False
+  return text[text.rindex(')') + 2:].split()[0] != 'Z'
+
+
+def _processes_mentioning(text):
+  pids = []
+  for cmdline in glob.glob('/proc/[0-9]*/cmdline'):
+    try:
+      with open(cmdline, 'rb') as f:
+        if text.encode() in f.read():
+          pids.append(int(cmdline.split('/')[2]))
+    except OSError:
+      continue
+  return [p for p in pids if p != os.getpid() and _alive(p)]
+
+
+def _checkpoint_values(path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(path)
+  get = lambda k: reader.get_tensor(f'{k}/.ATTRIBUTES/VARIABLE_VALUE')
+  return {
+      'env_frames': int(get('run_state/env_frames')),
+      'episodes': int(get('run_state/episodes')),
+      'learner_steps': int(get('learner_steps')),
+      'consumed_frames': int(get('consumed_frames')),
+      'iterations': int(get('optimizer/iterations')),
+      'reader': reader,
+  }
+
+
+# --- bad command lines ------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def bad_results(tmp_path_factory):
+  """Runs every bad command line (and --helpfull), 4 at a time."""
+  tmp = tmp_path_factory.mktemp('bad')
+  jobs = {}
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    for i, (argv, _) in enumerate(CLI_BAD_INPUTS):
+      logdir = str(tmp / f'case{i}')
+      jobs[i] = (logdir, pool.submit(_run, [*argv, f'--logdir={logdir}']))
+    jobs['helpfull'] = (None, pool.submit(_run, ['--helpfull']))
+    return {k: (logdir, f.result()) for k, (logdir, f) in jobs.items()}
+
+
+def test_enough_bad_inputs_are_tried():
+  assert len(CLI_BAD_INPUTS) >= 15
+
+
+@pytest.mark.parametrize('index', range(len(CLI_BAD_INPUTS)),
+                         ids=[' '.join(a) for a, _ in CLI_BAD_INPUTS])
+def test_bad_input_exits_with_one_line(bad_results, index):
+  argv, name = CLI_BAD_INPUTS[index]
+  logdir, result = bad_results[index]
+  assert result.returncode in (1, 2), (argv, result.stdout, result.stderr)
+  assert 'Traceback' not in result.stderr + result.stdout
+  lines = _own_stderr_lines(result.stderr)
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f'{PROG}: error: '), lines[0]
+  assert name in lines[0], lines[0]
+  assert not os.path.exists(logdir) or not os.listdir(logdir)
+
+
+def test_helpfull_lists_every_flag(bad_results):
+  _, result = bad_results['helpfull']
+  assert result.returncode in (0, 1), result.stderr
+  assert 'Traceback' not in result.stderr
+  names = [spec.name for _, _, specs in flags_lib.SECTIONS for spec in specs]
+  assert len(names) >= 40
+  missing = [n for n in names if f'--{n}:' not in result.stdout and
+             f'--[no]{n}:' not in result.stdout]
+  assert not missing, missing
+
+
+# --- resume after SIGKILL ---------------------------------------------------------
+
+
+def test_resume_after_sigkill_continues_counters_and_optimizer(tmp_path):
+  logdir = str(tmp_path / 'run')
+  args = TINY + [f'--logdir={logdir}', '--checkpoint_interval_secs=1',
+                 '--total_environment_frames=100000000']
+  proc = _start(args, tmp_path / 'run1.log')
+  index = os.path.join(logdir, 'checkpoints', 'checkpoint')
+  try:
+    _wait_for(lambda: os.path.exists(index), proc, 150, 'the first checkpoint')
+    time.sleep(1.5)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+  assert proc.returncode == -signal.SIGKILL
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  ckpt = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+  assert ckpt, os.listdir(os.path.join(logdir, 'checkpoints'))
+  saved = _checkpoint_values(ckpt)
+  assert saved['learner_steps'] >= 1 and saved['env_frames'] > 0
+  assert saved['iterations'] == saved['learner_steps']
+  _assert_learner_restores_optimizer_slots(logdir, ckpt, saved['reader'])
+  lines_of_run1 = len(_metrics(logdir))
+
+  # The same command, with a budget a little above the checkpointed frames.
+  total = saved['env_frames'] + 100
+  rerun = [a for a in args if not a.startswith('--total_environment_frames')]
+  result = _run(rerun + [f'--total_environment_frames={total}'])
+  out = result.stdout + result.stderr
+  assert result.returncode == 0, out[-3000:]
+  assert f'resuming from {ckpt}' in out
+  assert (f'env_frames={saved["env_frames"]}, learner_steps='
+          f'{saved["learner_steps"]}') in out
+  run2 = _metrics(logdir)[lines_of_run1:]
+  assert run2, 'the resumed run wrote no metrics line'
+  assert run2[0]['env_frames'] >= saved['env_frames']
+  assert run2[0]['learner_steps'] >= saved['learner_steps']
+  assert run2[0]['consumed_frames'] >= saved['consumed_frames']
+  assert run2[-1]['env_frames'] >= total
+  assert run2[-1]['episodes'] >= saved['episodes']
+
+  final = _checkpoint_values(tf.train.latest_checkpoint(
+      os.path.join(logdir, 'checkpoints')))
+  assert final['learner_steps'] > saved['learner_steps']
+  # One optimizer update per learner step, counted on from the checkpoint: the
+  # optimizer's state was restored, not rebuilt.
+  assert final['iterations'] == final['learner_steps']
+  assert final['consumed_frames'] > saved['consumed_frames']
+
+
+def _assert_learner_restores_optimizer_slots(logdir, ckpt, reader):
+  """A Learner built from config.json, restored as the driver does, holds the
+  checkpoint's optimizer slots (not fresh zeros)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
+  from impala_tf import distribute  # pylint: disable=g-import-not-at-top
+  from impala_tf import learner as learner_lib  # pylint: disable=g-import-not-at-top
+  config = checkpoints.load_config(logdir)
+  strategy = distribute.get_strategy(0, 0)
+  learner = learner_lib.Learner(config, lambda: checkpoints.build_network(config),
+                                strategy)
+  fresh = [v.numpy().copy() for v in learner.optimizer.variables]
+  status = tf.train.Checkpoint(optimizer=learner.optimizer,
+                               network=learner.network).read(ckpt)
+  status.assert_existing_objects_matched()
+  status.expect_partial()
+  slot_keys = [k for k, _ in tf.train.list_variables(ckpt)
+               if k.startswith('optimizer/') and 'iterations' not in k]
+  assert slot_keys
+  restored = [v.numpy() for v in learner.optimizer.variables]
+  changed = 0
+  for key in slot_keys:
+    value = reader.get_tensor(key)
+    matches = [i for i, r in enumerate(restored)
+               if r.shape == value.shape and np.array_equal(r, value)]
+    assert matches, f'no optimizer variable holds the value of {key}'
+    changed += any(not np.array_equal(fresh[i], value) for i in matches)
+  assert changed, 'every restored slot equals a fresh one'
+
+
+# --- SIGINT / SIGTERM ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM],
+                         ids=['SIGINT', 'SIGTERM'])
+def test_signal_stops_cleanly(tmp_path, signum):
+  logdir = str(tmp_path / f'run_{signum}')
+  args = [a.replace('--num_envs_per_actor=4', '--num_envs_per_actor=2')
+          for a in TINY] + [
+              f'--logdir={logdir}', '--env_vectorization=async',
+              '--checkpoint_interval_secs=600', '--total_environment_frames=100000000']
+  log_path = tmp_path / 'run.log'
+  proc = _start(args, log_path)
+  try:
+    _wait_for(lambda: _metrics(logdir), proc, 150, 'a metrics line')
+    children = _descendants(proc.pid)
+    assert len(children) >= 2, children  # The async envs' processes at least.
+    sent = time.time()
+    proc.send_signal(signum)
+    proc.wait(timeout=30)
+    took = time.time() - sent
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  log = log_path.read_text(encoding='utf-8')
+  assert proc.returncode == 0, log[-3000:]
+  assert took < 30
+  assert 'Traceback' not in log
+  assert f'{PROG}: done:' in log
+
+  # A final checkpoint, written after the signal.
+  indexes = glob.glob(os.path.join(logdir, 'checkpoints', 'ckpt-*.index'))
+  assert indexes
+  assert max(os.path.getmtime(p) for p in indexes) >= sent - 0.01
+  last = _metrics(logdir)[-1]
+  assert last['final'] is True and last['interrupted'] is True
+
+  # Nothing left behind: no descendant of the run, nothing naming its logdir.
+  deadline = time.time() + 10
+  while time.time() < deadline and any(_alive(p) for p in children):
+    time.sleep(0.2)
+  assert not [p for p in children if _alive(p)]
+  assert not _processes_mentioning(logdir)
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

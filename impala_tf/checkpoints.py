@@ -44,18 +44,28 @@ class RunDirError(ValueError):
   """A run directory lacks what is asked of it (config.json, a checkpoint)."""
 
 
+class CheckpointMismatchError(RunDirError):
+  """The latest checkpoint does not fit the objects to restore (e.g. the network
+  flags changed between the run that wrote it and this one)."""
+
+
 class Checkpointer:
   """Saves and restores a set of trackables.
 
   Args:
     logdir: run directory; files go to `logdir/checkpoints`.
     keep: checkpoints kept (keep_checkpoints); older ones are deleted.
+    optional: names of trackables that may be missing from a checkpoint (they keep
+      their initial state), e.g. the RNG of an actor added since the checkpoint.
     **trackables: objects to save (tf.Module, tf.Variable, tf.random.Generator,
       optimizers).
   """
 
-  def __init__(self, logdir: str, keep: int, **trackables):
+  def __init__(self, logdir: str, keep: int, optional=(), **trackables):
     self.directory = os.path.join(logdir, CHECKPOINT_SUBDIR)
+    self._trackables = trackables
+    self._optional = frozenset(optional)
+    self.not_restored = []  # Optional trackables the last restore did not find.
     self._checkpoint = tf.train.Checkpoint(**trackables)
     self._manager = tf.train.CheckpointManager(
         self._checkpoint, self.directory, max_to_keep=keep)
@@ -74,12 +84,31 @@ class Checkpointer:
     """Restores the newest checkpoint, if any; returns its path or None.
 
     Raises:
-      AssertionError: (from TensorFlow) a trackable has no value in the checkpoint,
-        e.g. the network's shape changed between runs.
+      CheckpointMismatchError: a trackable has no value in the checkpoint, or one of
+        another shape (e.g. the network flags changed between runs).
     """
     path = self._manager.latest_checkpoint
+    self.not_restored = []
     if path:
-      self._checkpoint.restore(path).assert_existing_objects_matched()
+      checkpoint = self._checkpoint
+      if self._optional:
+        saved = {name.split('/')[0] for name, _ in tf.train.list_variables(path)}
+        self.not_restored = sorted(n for n in self._optional
+                                   if n in self._trackables and n not in saved)
+        if self.not_restored:
+          checkpoint = tf.train.Checkpoint(**{
+              k: v for k, v in self._trackables.items()
+              if k not in self.not_restored})
+      try:
+        checkpoint.restore(path).assert_existing_objects_matched()
+      except (AssertionError, ValueError) as e:
+        detail = ' '.join(str(e).split())
+        if len(detail) > 300:
+          detail = detail[:300] + '...'
+        raise CheckpointMismatchError(
+            f'cannot resume from {path}: it does not match this run\'s network or '
+            f'optimizer ({detail}); rerun with the flags that wrote it (see '
+            f'{CONFIG_FILE} next to it) or use a new --logdir') from None
     return path
 
   def save(self, step: int) -> str:

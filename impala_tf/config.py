@@ -4,14 +4,20 @@
 (`impala_tf/flags.py`). Construction validates every field and every cross-field rule
 and raises `ConfigError` (a `ValueError`) whose message names the field, the value and
 what is allowed, e.g. `batch_size=30: must be divisible by the 4 learner replicas ...`.
-Checks that need the outside world (does the env id exist, are the GPUs there) live in
-`check_environment()`, so a Config can be built on a machine without them.
+Values must have the field's Python type: `int` fields take an int (not a bool, a
+float or a string), `float` fields an int or a float, `Optional[float]` fields also
+None, `bool` fields a bool, `str` fields a string, `mlp_hidden_sizes` a tuple or list
+of ints (a list is stored as a tuple). A value of another type is a ConfigError
+naming the field, like a value out of range.
+Checks that need the outside world (does the env id exist, are the GPUs there) live
+in `environments.check_env_id()` and `distribute.check_gpus()`, so a Config can be
+built on a machine without them.
 """
 
 import dataclasses
+import difflib
 import json
 import math
-import re
 from typing import Optional, Tuple
 
 OPTIMIZERS = ('rmsprop', 'adam')
@@ -19,11 +25,18 @@ NETWORKS = ('auto', 'mlp', 'shallow', 'deep')
 REWARD_CLIPPINGS = ('abs_one', 'soft_asymmetric', 'none')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
 
-_SCHEDULE_RE = re.compile(r'^\s*\d+(\.\d*)?(e\d+)?\s*:\s*[-+0-9.eE]+\s*$')
+SCHEDULE_ALLOWED = (
+    "must be 'constant', 'linear' or piecewise-linear points "
+    "'FRAMES:VALUE,FRAMES:VALUE,...' with strictly increasing FRAMES and every FRAMES "
+    'and VALUE a number >= 0 (e.g. 0:0.01,1e6:0.001)')
 
 
 class ConfigError(ValueError):
-  """A configuration value is out of range; the message names the field."""
+  """A configuration value is out of range; the message names the field.
+
+  The message is one line, `field=value: what is allowed`. Attributes: `field`,
+  `value`, `allowed`.
+  """
 
   def __init__(self, field: str, value, allowed: str):
     self.field = field
@@ -34,40 +47,58 @@ class ConfigError(ValueError):
 
 def _fmt(value) -> str:
   if isinstance(value, (tuple, list)):
-    return ','.join(str(v) for v in value)
+    return ','.join(str(v) if isinstance(v, (int, float)) else repr(v)
+                    for v in value)
   return str(value)
+
+
+def _got(value) -> str:
+  return f' (got {type(value).__name__})'
 
 
 def parse_schedule(spec: str, field: str):
   """Parses a schedule string.
 
   Args:
-    spec: 'constant', 'linear' (linear decay to 0 at total_environment_frames) or
-      piecewise-linear points 'FRAMES:VALUE,FRAMES:VALUE,...' with increasing FRAMES
-      (values are held constant outside the points).
+    spec: 'constant'; 'linear' (linear decay to 0 at total_environment_frames); or
+      piecewise-linear points 'FRAMES:VALUE,FRAMES:VALUE,...' over env frames, with
+      strictly increasing FRAMES (values are held constant outside the points).
+      FRAMES and VALUE are finite numbers >= 0, written as Python floats are
+      (`1e6`, `1E6`, `1e+6`, `1_000_000`, `0.001`). A VALUE is the absolute value
+      at that frame (not a multiple of the base value). Values may be 0 (as
+      'linear' reaches 0 at the end), never negative: a negative learning rate
+      ascends the loss and a negative entropy cost penalises exploration.
     field: the field name, for error messages.
 
   Returns:
     'constant', 'linear', or a tuple of (frames float, value float) pairs.
 
   Raises:
-    ConfigError: naming `field` when the spec is malformed.
+    ConfigError: naming `field` when the spec is malformed or out of range.
   """
+  if not isinstance(spec, str):
+    raise ConfigError(field, spec, SCHEDULE_ALLOWED + _got(spec))
   if spec in ('constant', 'linear'):
     return spec
-  allowed = ("must be 'constant', 'linear' or piecewise points "
-             "'FRAMES:VALUE,FRAMES:VALUE,...' with increasing FRAMES")
-  parts = [p for p in spec.split(',') if p.strip()]
-  if not parts or not all(_SCHEDULE_RE.match(p) for p in parts):
-    raise ConfigError(field, spec, allowed)
-  try:
-    points = tuple((float(p.split(':')[0]), float(p.split(':')[1])) for p in parts)
-  except ValueError:
-    raise ConfigError(field, spec, allowed) from None
-  frames = [f for f, _ in points]
-  if any(b <= a for a, b in zip(frames, frames[1:])):
-    raise ConfigError(field, spec, allowed)
-  return points
+  points = []
+  for part in spec.split(','):
+    pieces = part.split(':')
+    if len(pieces) != 2:
+      raise ConfigError(field, spec,
+                        f'{SCHEDULE_ALLOWED}; {part.strip()!r} is not FRAMES:VALUE')
+    try:
+      frames, value = float(pieces[0]), float(pieces[1])
+    except ValueError:
+      raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; {part.strip()!r} is not '
+                        'FRAMES:VALUE with two numbers') from None
+    if not (math.isfinite(frames) and math.isfinite(value) and frames >= 0 and
+            value >= 0):
+      raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; {part.strip()!r} has a '
+                        'negative or non-finite number')
+    points.append((frames + 0.0, value + 0.0))  # + 0.0 turns -0.0 into 0.0.
+  if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+    raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; FRAMES do not increase')
+  return tuple(points)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +186,8 @@ class Config:
     return parse_schedule(self.entropy_cost_schedule, 'entropy_cost_schedule')
 
   def replace(self, **changes) -> 'Config':
+    """A copy with `changes` applied, validated again."""
+    _check_known(changes)
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict:
@@ -167,116 +200,178 @@ class Config:
 
   @classmethod
   def from_dict(cls, d: dict) -> 'Config':
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ConfigError(unknown[0], d[unknown[0]], 'is not a Config field')
+    """The Config of `to_dict()` / parsed `to_json()`; missing keys take defaults."""
+    _check_known(d)
     return cls(**d)
 
 
-def _require(ok: bool, cfg: Config, field: str, allowed: str):
-  if not ok:
-    raise ConfigError(field, getattr(cfg, field), allowed)
+def _check_known(d: dict):
+  known = [f.name for f in dataclasses.fields(Config)]
+  unknown = sorted(set(d) - set(known))
+  if unknown:
+    allowed = 'is not a Config field'
+    close = difflib.get_close_matches(unknown[0], known, n=1)
+    if close:
+      allowed += f' (did you mean {close[0]}?)'
+    raise ConfigError(unknown[0], d[unknown[0]], allowed)
 
 
 def _is_int(v) -> bool:
   return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
-  return (isinstance(v, (int, float)) and not isinstance(v, bool) and
-          math.isfinite(v))
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The Python type each annotation asks for (checked before the ranges).
+_TYPE_CHECKS = {
+    int: _is_int,
+    float: _is_number,
+    bool: lambda v: isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+    Optional[float]: lambda v: v is None or _is_number(v),
+    Tuple[int, ...]: lambda v: isinstance(v, tuple),
+}
+
+
+def _finite(v) -> bool:
+  return math.isfinite(v)
+
+
+def _one_of(values):
+  return (lambda v: v in values), f'must be one of {", ".join(values)}'
+
+
+def _ints(low: int):
+  return (lambda v: v >= low), f'must be an integer >= {low}'
+
+
+def _unit_closed():
+  return (lambda v: _finite(v) and 0 <= v <= 1), 'must be in [0, 1]'
+
+
+def _unit_open():
+  return (lambda v: _finite(v) and 0 <= v < 1), 'must be in [0, 1)'
+
+
+def _positive(what='a number'):
+  return (lambda v: _finite(v) and v > 0), f'must be {what} > 0'
+
+
+def _non_negative(what='a number'):
+  return (lambda v: _finite(v) and v >= 0), f'must be {what} >= 0'
+
+
+def _schedule(field):
+  def ok(v):
+    parse_schedule(v, field)  # Raises its own, more precise, ConfigError.
+    return True
+  return ok, SCHEDULE_ALLOWED
+
+
+def _clip_threshold():
+  return ((lambda v: v is None or (_finite(v) and v > 0)),
+          'must be a number > 0, or None for no clipping')
+
+
+# Field -> (predicate on a value of the right type, what is allowed). Every field
+# has an entry (checked at import), in Config's order.
+_RULES = {
+    'env': ((lambda v: bool(v.strip())),
+            'must be a gymnasium env id such as CartPole-v1 or ALE/Pong-v5'),
+    'env_vectorization': _one_of(ENV_VECTORIZATIONS),
+    'noop_max': _ints(0),
+    'episodic_life': (None, 'must be True or False'),
+    'frame_stack': _ints(1),
+    'max_episode_frames': _ints(1),
+    'num_actors': _ints(1),
+    'num_envs_per_actor': _ints(1),
+    'unroll_length': _ints(1),
+    'broadcast_interval': _ints(1),
+    'batch_size': _ints(1),
+    'num_data_loader_buffers': _ints(1),
+    'minibatch_buffer_size': _ints(1),
+    'num_sgd_iter': _ints(1),
+    'replay_proportion': _non_negative(
+        'a number (replayed unrolls per fresh unroll)'),
+    'replay_buffer_num_slots': ((lambda v: v >= 0),
+                                'must be an integer >= 0 (unrolls kept for replay)'),
+    'learner_queue_size': _ints(1),
+    'learner_queue_timeout': _positive('a number of seconds'),
+    'num_gpus': _ints(0),
+    'num_virtual_cpu_devices': (
+        (lambda v: v >= 0),
+        'must be an integer >= 0 (0: use the CPU as one device)'),
+    'discounting': _unit_closed(),
+    'baseline_cost': _non_negative(),
+    'entropy_cost': _non_negative(),
+    'entropy_cost_schedule': _schedule('entropy_cost_schedule'),
+    'vtrace': (None, 'must be True or False'),
+    'clip_rho_threshold': _clip_threshold(),
+    'clip_pg_rho_threshold': _clip_threshold(),
+    'vtrace_lambda': _unit_closed(),
+    'reward_clipping': _one_of(REWARD_CLIPPINGS),
+    'optimizer': _one_of(OPTIMIZERS),
+    'learning_rate': _positive(),
+    'lr_schedule': _schedule('lr_schedule'),
+    'rmsprop_decay': _unit_open(),
+    'rmsprop_momentum': _unit_open(),
+    'rmsprop_epsilon': _positive(),
+    'adam_beta1': _unit_open(),
+    'adam_beta2': _unit_open(),
+    'adam_epsilon': _positive(),
+    'grad_clip': _non_negative('a number (global-norm clip; 0 disables clipping)'),
+    'network': _one_of(NETWORKS),
+    'mlp_hidden_sizes': (
+        (lambda v: len(v) >= 1 and all(_is_int(h) and h >= 1 for h in v)),
+        'must be one or more integers >= 1, e.g. 64,64 (a tuple or list of ints '
+        'in Python)'),
+    'use_lstm': (None, 'must be True or False'),
+    'lstm_size': _ints(1),
+    'total_environment_frames': _ints(1),
+    'target_return': ((lambda v: v is None or _finite(v)),
+                      'must be a number, or None to train for '
+                      'total_environment_frames'),
+    'seed': ((lambda v: 0 <= v < 2**31), 'must be an integer in [0, 2**31)'),
+    'logdir': ((lambda v: bool(v.strip())), 'must be a directory path'),
+    'checkpoint_interval_secs': _positive('a number of seconds'),
+    'keep_checkpoints': _ints(1),
+    'log_interval_secs': _positive('a number of seconds'),
+}
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
+assert list(_RULES) == list(_FIELD_TYPES), 'every Config field needs a rule'
+assert all(t in _TYPE_CHECKS for t in _FIELD_TYPES.values()), _FIELD_TYPES
 
 
 def _validate(c: Config):
-  """Single-field ranges first, then cross-field rules."""
-  r = _require
-  r(isinstance(c.env, str) and bool(c.env.strip()), c, 'env',
-    'must be a gymnasium env id such as CartPole-v1 or ALE/Pong-v5')
-  r(c.env_vectorization in ENV_VECTORIZATIONS, c, 'env_vectorization',
-    f'must be one of {", ".join(ENV_VECTORIZATIONS)}')
-  r(_is_int(c.noop_max) and c.noop_max >= 0, c, 'noop_max', 'must be an integer >= 0')
-  r(_is_int(c.frame_stack) and c.frame_stack >= 1, c, 'frame_stack',
-    'must be an integer >= 1')
-  r(_is_int(c.max_episode_frames) and c.max_episode_frames >= 1, c,
-    'max_episode_frames', 'must be an integer >= 1')
-  for field in ('num_actors', 'num_envs_per_actor', 'unroll_length',
-                'broadcast_interval', 'batch_size', 'num_data_loader_buffers',
-                'minibatch_buffer_size', 'num_sgd_iter', 'learner_queue_size',
-                'lstm_size', 'total_environment_frames'):
-    r(_is_int(getattr(c, field)) and getattr(c, field) >= 1, c, field,
-      'must be an integer >= 1')
-  r(_is_int(c.keep_checkpoints) and c.keep_checkpoints >= 1, c, 'keep_checkpoints',
-    'must be an integer >= 1')
-  r(_is_num(c.replay_proportion) and c.replay_proportion >= 0, c,
-    'replay_proportion', 'must be a number >= 0 (replayed unrolls per fresh unroll)')
-  r(_is_int(c.replay_buffer_num_slots) and c.replay_buffer_num_slots >= 0, c,
-    'replay_buffer_num_slots', 'must be an integer >= 0 (unrolls kept for replay)')
-  r(_is_num(c.learner_queue_timeout) and c.learner_queue_timeout > 0, c,
-    'learner_queue_timeout', 'must be a number of seconds > 0')
-  r(_is_int(c.num_gpus) and c.num_gpus >= 0, c, 'num_gpus', 'must be an integer >= 0')
-  r(_is_int(c.num_virtual_cpu_devices) and c.num_virtual_cpu_devices >= 0, c,
-    'num_virtual_cpu_devices', 'must be an integer >= 0 (0: use the CPU as one device)')
-  r(_is_num(c.discounting) and 0 <= c.discounting <= 1, c, 'discounting',
-    'must be in [0, 1]')
-  r(_is_num(c.baseline_cost) and c.baseline_cost >= 0, c, 'baseline_cost',
-    'must be a number >= 0')
-  r(_is_num(c.entropy_cost) and c.entropy_cost >= 0, c, 'entropy_cost',
-    'must be a number >= 0')
-  parse_schedule(c.entropy_cost_schedule, 'entropy_cost_schedule')
-  for field in ('clip_rho_threshold', 'clip_pg_rho_threshold'):
-    v = getattr(c, field)
-    r(v is None or (_is_num(v) and v > 0), c, field,
-      'must be a number > 0, or None for no clipping')
-  r(_is_num(c.vtrace_lambda) and 0 <= c.vtrace_lambda <= 1, c, 'vtrace_lambda',
-    'must be in [0, 1]')
-  r(c.reward_clipping in REWARD_CLIPPINGS, c, 'reward_clipping',
-    f'must be one of {", ".join(REWARD_CLIPPINGS)}')
-  r(c.optimizer in OPTIMIZERS, c, 'optimizer', f'must be one of {", ".join(OPTIMIZERS)}')
-  r(_is_num(c.learning_rate) and c.learning_rate > 0, c, 'learning_rate',
-    'must be a number > 0')
-  parse_schedule(c.lr_schedule, 'lr_schedule')
-  r(_is_num(c.rmsprop_decay) and 0 <= c.rmsprop_decay < 1, c, 'rmsprop_decay',
-    'must be in [0, 1)')
-  r(_is_num(c.rmsprop_momentum) and 0 <= c.rmsprop_momentum < 1, c,
-    'rmsprop_momentum', 'must be in [0, 1)')
-  r(_is_num(c.rmsprop_epsilon) and c.rmsprop_epsilon > 0, c, 'rmsprop_epsilon',
-    'must be a number > 0')
-  r(_is_num(c.adam_beta1) and 0 <= c.adam_beta1 < 1, c, 'adam_beta1', 'must be in [0, 1)')
-  r(_is_num(c.adam_beta2) and 0 <= c.adam_beta2 < 1, c, 'adam_beta2', 'must be in [0, 1)')
-  r(_is_num(c.adam_epsilon) and c.adam_epsilon > 0, c, 'adam_epsilon',
-    'must be a number > 0')
-  r(_is_num(c.grad_clip) and c.grad_clip >= 0, c, 'grad_clip',
-    'must be a number >= 0 (global-norm clip; 0 disables clipping)')
-  r(c.network in NETWORKS, c, 'network', f'must be one of {", ".join(NETWORKS)}')
-  r(len(c.mlp_hidden_sizes) >= 1 and
-    all(_is_int(h) and h >= 1 for h in c.mlp_hidden_sizes), c, 'mlp_hidden_sizes',
-    'must be a comma-separated list of integers >= 1, e.g. 64,64')
-  r(c.target_return is None or _is_num(c.target_return), c, 'target_return',
-    'must be a number, or None to train for total_environment_frames')
-  r(_is_int(c.seed) and 0 <= c.seed < 2**31, c, 'seed', 'must be an integer in [0, 2**31)')
-  r(isinstance(c.logdir, str) and bool(c.logdir.strip()), c, 'logdir',
-    'must be a directory path')
-  for field in ('checkpoint_interval_secs', 'log_interval_secs'):
-    r(_is_num(getattr(c, field)) and getattr(c, field) > 0, c, field,
-      'must be a number of seconds > 0')
+  """Each field's type and range in field order, then the cross-field rules."""
+  for field, (ok, allowed) in _RULES.items():
+    value = getattr(c, field)
+    if not _TYPE_CHECKS[_FIELD_TYPES[field]](value):
+      raise ConfigError(field, value, allowed + _got(value))
+    if ok is not None and not ok(value):
+      raise ConfigError(field, value, allowed)
 
-  # Cross-field rules.
-  r(not (c.num_gpus and c.num_virtual_cpu_devices), c, 'num_virtual_cpu_devices',
-    'must be 0 when --num_gpus is set (virtual CPU devices replace GPUs for testing)')
-  r(c.batch_size % c.num_replicas == 0, c, 'batch_size',
-    f'must be divisible by the {c.num_replicas} learner replicas (num_gpus='
-    f'{c.num_gpus}, num_virtual_cpu_devices={c.num_virtual_cpu_devices}) so no unroll '
-    'is dropped; use a multiple of the replica count')
-  r(c.replay_proportion == 0 or c.replay_buffer_num_slots >= 1, c,
-    'replay_buffer_num_slots',
-    f'must be >= 1 when replay_proportion={c.replay_proportion} > 0')
-  r(c.replay_buffer_num_slots == 0 or
-    c.replay_buffer_num_slots >= math.ceil(c.replay_proportion), c,
-    'replay_buffer_num_slots',
-    f'must be >= ceil(replay_proportion)={math.ceil(c.replay_proportion)} so a '
-    'fresh unroll can be followed by that many replays')
-  r(c.total_environment_frames >= c.batch_size * c.unroll_length, c,
-    'total_environment_frames',
-    f'must be >= batch_size * unroll_length = {c.batch_size * c.unroll_length} '
-    'frames, the size of one learner batch')
+  def require(ok: bool, field: str, allowed: str):
+    if not ok:
+      raise ConfigError(field, getattr(c, field), allowed)
+
+  require(not (c.num_gpus and c.num_virtual_cpu_devices), 'num_virtual_cpu_devices',
+          'must be 0 when --num_gpus is set (virtual CPU devices replace GPUs for '
+          'testing)')
+  require(c.batch_size % c.num_replicas == 0, 'batch_size',
+          f'must be divisible by the {c.num_replicas} learner replicas (num_gpus='
+          f'{c.num_gpus}, num_virtual_cpu_devices={c.num_virtual_cpu_devices}) so no '
+          'unroll is dropped; use a multiple of the replica count')
+  need = max(1, math.ceil(c.replay_proportion))
+  require(c.replay_proportion == 0 or c.replay_buffer_num_slots >= need,
+          'replay_buffer_num_slots',
+          f'must be >= max(1, ceil(replay_proportion)) = {need} when '
+          f'replay_proportion={c.replay_proportion} > 0, so a fresh unroll can be '
+          'followed by that many replays')
+  require(c.total_environment_frames >= c.batch_size * c.unroll_length,
+          'total_environment_frames',
+          f'must be >= batch_size * unroll_length = {c.batch_size * c.unroll_length} '
+          'frames, the size of one learner batch')

@@ -137,7 +137,6 @@ def train(config: config_lib.Config,
   stop = stop_event or threading.Event()
   internal_stop = threading.Event()
   start_time = time.time()
-  _prepare_logdir(config)
 
   env_kwargs = dict(noop_max=config.noop_max, frame_stack=config.frame_stack,
                     episodic_life=config.episodic_life,
@@ -161,8 +160,13 @@ def train(config: config_lib.Config,
       consumed_frames=learner.consumed_frames,
       replayed_frames=learner.replayed_frames,
       trained_frames=learner.trained_frames, run_state=run_state,
+      optional=[f'actor_rng_{i}' for i in range(config.num_actors)],
       **{f'actor_rng_{i}': g for i, g in enumerate(actor_rngs)})
-  restored = ckpt.restore_latest()
+  try:
+    restored = ckpt.restore_latest()
+  except checkpoints.CheckpointMismatchError as e:
+    raise TrainingError(str(e)) from None
+  _prepare_logdir(config)  # After the restore: a mismatch keeps config.json.
   if restored:
     logging.info('Resuming from %s: %d env frames, %d learner steps.', restored,
                  int(run_state.env_frames.numpy()), int(learner.learner_steps.numpy()))
@@ -259,6 +263,7 @@ def train(config: config_lib.Config,
         'learning_rate': learner.learning_rate(),
         'grad_norm': diag.get('grad_norm'),
         'actor_restarts': sum(t.restarts for t in threads),
+        'num_replicas': strategy.num_replicas_in_sync,
         'startup_seconds': first_step_secs,
     }
     m.update(episode_log.summary())

@@ -23,6 +23,7 @@ line on stderr.
 
 import os
 import sys
+from typing import Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -49,7 +50,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                         flag_values=flag_values)
 
 
-def export_run(logdir: str, output: str = None) -> tuple:
+def export_run(logdir: str, output: Optional[str] = None) -> Tuple[str, str]:
   """Restores the latest checkpoint of `logdir` and writes its SavedModel.
 
   Args:

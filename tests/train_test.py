@@ -269,6 +269,18 @@ def test_resume_after_sigkill_continues_counters_and_optimizer(tmp_path):
   assert final['iterations'] == final['learner_steps']
   assert final['consumed_frames'] > saved['consumed_frames']
 
+  # Resuming with another network is a clear error that leaves the run as it was.
+  with open(os.path.join(logdir, 'config.json'), encoding='utf-8') as f:
+    config_json = f.read()
+  result = _run([a for a in rerun if not a.startswith('--mlp_hidden_sizes')] +
+                ['--mlp_hidden_sizes=32', f'--total_environment_frames={total}'])
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr
+  lines = [l for l in _own_stderr_lines(result.stderr) if f'{PROG}: error:' in l]
+  assert len(lines) == 1 and 'cannot resume from' in lines[0], result.stderr[-3000:]
+  with open(os.path.join(logdir, 'config.json'), encoding='utf-8') as f:
+    assert f.read() == config_json
+
 
 def _assert_learner_restores_optimizer_slots(logdir, ckpt, reader):
   """A Learner built from config.json, restored as the driver does, holds the

@@ -1,0 +1,320 @@
+"""Tests of impala_tf/config.py: validation, schedules, serialisation."""
+
+import dataclasses
+import json
+
+import pytest
+
+from impala_tf import config as config_lib
+
+Config = config_lib.Config
+ConfigError = config_lib.ConfigError
+
+# Bad Config fields: (changes to Config(), field named, value as the message writes
+# it). Each raises ConfigError with the one-line message `field=value: allowed`.
+CONFIG_ERRORS = [
+    # Ranges of single fields.
+    (dict(env=' '), 'env', ' '),
+    (dict(env_vectorization='threads'), 'env_vectorization', 'threads'),
+    (dict(noop_max=-1), 'noop_max', '-1'),
+    (dict(frame_stack=0), 'frame_stack', '0'),
+    (dict(max_episode_frames=0), 'max_episode_frames', '0'),
+    (dict(num_actors=0), 'num_actors', '0'),
+    (dict(num_envs_per_actor=2.5), 'num_envs_per_actor', '2.5'),
+    (dict(unroll_length=True), 'unroll_length', 'True'),
+    (dict(broadcast_interval=0), 'broadcast_interval', '0'),
+    (dict(batch_size=0), 'batch_size', '0'),
+    (dict(num_data_loader_buffers=0), 'num_data_loader_buffers', '0'),
+    (dict(minibatch_buffer_size=0), 'minibatch_buffer_size', '0'),
+    (dict(num_sgd_iter=0), 'num_sgd_iter', '0'),
+    (dict(learner_queue_size=0), 'learner_queue_size', '0'),
+    (dict(replay_proportion=float('inf')), 'replay_proportion', 'inf'),
+    (dict(replay_proportion=-0.5), 'replay_proportion', '-0.5'),
+    (dict(replay_buffer_num_slots=-1), 'replay_buffer_num_slots', '-1'),
+    (dict(learner_queue_timeout=-1.0), 'learner_queue_timeout', '-1.0'),
+    (dict(num_gpus=-1), 'num_gpus', '-1'),
+    (dict(num_virtual_cpu_devices=-2), 'num_virtual_cpu_devices', '-2'),
+    (dict(discounting=-0.1), 'discounting', '-0.1'),
+    (dict(discounting=1.5), 'discounting', '1.5'),
+    (dict(baseline_cost=-1.0), 'baseline_cost', '-1.0'),
+    (dict(entropy_cost=float('nan')), 'entropy_cost', 'nan'),
+    (dict(entropy_cost_schedule='linear,'), 'entropy_cost_schedule', 'linear,'),
+    (dict(entropy_cost_schedule='0:0.01,1e6:-0.001'), 'entropy_cost_schedule',
+     '0:0.01,1e6:-0.001'),
+    (dict(clip_rho_threshold=0.0), 'clip_rho_threshold', '0.0'),
+    (dict(clip_pg_rho_threshold=float('nan')), 'clip_pg_rho_threshold', 'nan'),
+    (dict(vtrace_lambda=1.01), 'vtrace_lambda', '1.01'),
+    (dict(reward_clipping='clip'), 'reward_clipping', 'clip'),
+    (dict(optimizer='sgd'), 'optimizer', 'sgd'),
+    (dict(learning_rate=-0.001), 'learning_rate', '-0.001'),
+    (dict(learning_rate=0), 'learning_rate', '0'),
+    (dict(lr_schedule='exponential'), 'lr_schedule', 'exponential'),
+    (dict(lr_schedule='0:1,0:0.5'), 'lr_schedule', '0:1,0:0.5'),
+    (dict(lr_schedule='1000:0.1,500:0.01'), 'lr_schedule', '1000:0.1,500:0.01'),
+    (dict(lr_schedule='0:-0.1'), 'lr_schedule', '0:-0.1'),
+    (dict(lr_schedule='-1:0.1'), 'lr_schedule', '-1:0.1'),
+    (dict(lr_schedule='0:inf'), 'lr_schedule', '0:inf'),
+    (dict(lr_schedule='0:nan'), 'lr_schedule', '0:nan'),
+    (dict(lr_schedule='1e999:0.1'), 'lr_schedule', '1e999:0.1'),
+    (dict(lr_schedule='0:0.1,1e6'), 'lr_schedule', '0:0.1,1e6'),
+    (dict(lr_schedule='0:0.1:1'), 'lr_schedule', '0:0.1:1'),
+    (dict(lr_schedule='0:0.1,,1e6:0'), 'lr_schedule', '0:0.1,,1e6:0'),
+    (dict(lr_schedule=''), 'lr_schedule', ''),
+    (dict(lr_schedule='a:b'), 'lr_schedule', 'a:b'),
+    (dict(rmsprop_decay=1), 'rmsprop_decay', '1'),
+    (dict(rmsprop_momentum=1.0), 'rmsprop_momentum', '1.0'),
+    (dict(rmsprop_epsilon=0.0), 'rmsprop_epsilon', '0.0'),
+    (dict(adam_beta1=-0.1), 'adam_beta1', '-0.1'),
+    (dict(adam_beta2=1.0), 'adam_beta2', '1.0'),
+    (dict(adam_epsilon=0), 'adam_epsilon', '0'),
+    (dict(grad_clip=-1.0), 'grad_clip', '-1.0'),
+    (dict(network='resnet'), 'network', 'resnet'),
+    (dict(mlp_hidden_sizes=()), 'mlp_hidden_sizes', ''),
+    (dict(mlp_hidden_sizes=(64, -1)), 'mlp_hidden_sizes', '64,-1'),
+    (dict(mlp_hidden_sizes=[64, 0]), 'mlp_hidden_sizes', '64,0'),
+    (dict(lstm_size=0), 'lstm_size', '0'),
+    (dict(total_environment_frames=0), 'total_environment_frames', '0'),
+    (dict(target_return=float('inf')), 'target_return', 'inf'),
+    (dict(seed=2**31), 'seed', str(2**31)),
+    (dict(seed=-1), 'seed', '-1'),
+    (dict(logdir=''), 'logdir', ''),
+    (dict(checkpoint_interval_secs=0), 'checkpoint_interval_secs', '0'),
+    (dict(log_interval_secs=0), 'log_interval_secs', '0'),
+    (dict(keep_checkpoints=0), 'keep_checkpoints', '0'),
+    # Wrong Python types.
+    (dict(batch_size='32'), 'batch_size', '32'),
+    (dict(batch_size=32.0), 'batch_size', '32.0'),
+    (dict(total_environment_frames=1e6), 'total_environment_frames', '1000000.0'),
+    (dict(mlp_hidden_sizes=64), 'mlp_hidden_sizes', '64'),
+    (dict(mlp_hidden_sizes='64,64'), 'mlp_hidden_sizes', '64,64'),
+    (dict(mlp_hidden_sizes=(64, 32.0)), 'mlp_hidden_sizes', '64,32.0'),
+    (dict(mlp_hidden_sizes=(64, True)), 'mlp_hidden_sizes', '64,True'),
+    (dict(use_lstm='false'), 'use_lstm', 'false'),
+    (dict(vtrace=1), 'vtrace', '1'),
+    (dict(episodic_life=None), 'episodic_life', 'None'),
+    (dict(learning_rate='0.001'), 'learning_rate', '0.001'),
+    (dict(discounting=True), 'discounting', 'True'),
+    (dict(clip_rho_threshold='none'), 'clip_rho_threshold', 'none'),
+    (dict(target_return='200'), 'target_return', '200'),
+    (dict(env=None), 'env', 'None'),
+    (dict(optimizer=None), 'optimizer', 'None'),
+    (dict(network=['mlp']), 'network', "'mlp'"),
+    (dict(lr_schedule=0.1), 'lr_schedule', '0.1'),
+    (dict(entropy_cost_schedule=None), 'entropy_cost_schedule', 'None'),
+    (dict(logdir=pytest), 'logdir', str(pytest)),
+    # Cross-field rules.
+    (dict(num_gpus=2, batch_size=33), 'batch_size', '33'),
+    (dict(num_gpus=4, batch_size=30), 'batch_size', '30'),
+    (dict(num_virtual_cpu_devices=5), 'batch_size', '32'),
+    (dict(num_gpus=2, num_virtual_cpu_devices=2), 'num_virtual_cpu_devices', '2'),
+    (dict(replay_proportion=1.0), 'replay_buffer_num_slots', '0'),
+    (dict(replay_proportion=0.01), 'replay_buffer_num_slots', '0'),
+    (dict(replay_proportion=4.5, replay_buffer_num_slots=3),
+     'replay_buffer_num_slots', '3'),
+    (dict(batch_size=64, unroll_length=100, total_environment_frames=6399),
+     'total_environment_frames', '6399'),
+]
+
+# Good values, each accepted (changes to Config(), and what the field then holds).
+GOOD_VALUES = [
+    dict(clip_rho_threshold=None, clip_pg_rho_threshold=None),
+    dict(clip_rho_threshold=100, clip_pg_rho_threshold=0.5),
+    dict(target_return=None),
+    dict(target_return=-21),
+    dict(target_return=475.0),
+    dict(lr_schedule='linear', entropy_cost_schedule='linear'),
+    dict(lr_schedule='0:0.001,1e6:0.0001', entropy_cost_schedule='0:0.01'),
+    dict(lr_schedule='0:0.001,1E6:0.0005,1e+7:0'),
+    dict(lr_schedule=' 0 : 1 , 1_000 : 0.5 '),
+    dict(entropy_cost_schedule='0:0,5e5:0.01'),
+    dict(mlp_hidden_sizes=(7,)),
+    dict(mlp_hidden_sizes=[256, 128, 32]),
+    dict(learning_rate=1, discounting=0, vtrace_lambda=0, grad_clip=0,
+         entropy_cost=0, baseline_cost=0),
+    dict(discounting=1.0, vtrace_lambda=1),
+    dict(replay_proportion=0.5, replay_buffer_num_slots=1),
+    dict(replay_proportion=3, replay_buffer_num_slots=3),
+    dict(replay_proportion=0.0, replay_buffer_num_slots=10),
+    dict(num_gpus=2, batch_size=32),
+    dict(num_virtual_cpu_devices=4, batch_size=8),
+    dict(num_virtual_cpu_devices=1, batch_size=7),
+    dict(batch_size=8, unroll_length=10, total_environment_frames=80),
+    dict(seed=2**31 - 1, noop_max=0, use_lstm=True, vtrace=False, episodic_life=True),
+    dict(env='impala_tf.testing:ImpalaChain-v0', env_vectorization='async',
+         network='deep', optimizer='rmsprop', reward_clipping='soft_asymmetric'),
+]
+
+
+@pytest.mark.parametrize('changes,field,value', CONFIG_ERRORS)
+def test_config_errors(changes, field, value):
+  with pytest.raises(ConfigError) as info:
+    Config(**changes)
+  message = str(info.value)
+  assert info.value.field == field
+  assert message.startswith(f'{field}={value}: '), message
+  assert '\n' not in message
+  assert len(message) > len(f'{field}={value}: ') + 5  # Says what is allowed.
+  assert isinstance(info.value, ValueError)
+
+
+def test_the_table_is_large_and_covers_most_fields():
+  assert len(CONFIG_ERRORS) >= 25
+  named = {field for _, field, _ in CONFIG_ERRORS}
+  bools = {'episodic_life', 'vtrace', 'use_lstm'}
+  assert {f.name for f in dataclasses.fields(Config)} - named <= bools
+
+
+@pytest.mark.parametrize('field', [f.name for f in dataclasses.fields(Config)])
+def test_every_field_rejects_a_wrong_type(field):
+  with pytest.raises(ConfigError) as info:
+    Config(**{field: object()})
+  assert info.value.field == field
+  assert str(info.value).startswith(f'{field}=<object object at ')
+  assert str(info.value).endswith('(got object)')
+
+
+@pytest.mark.parametrize('changes', GOOD_VALUES)
+def test_good_values(changes):
+  cfg = Config(**changes)
+  for field, value in changes.items():
+    if isinstance(value, list):
+      value = tuple(value)
+    assert getattr(cfg, field) == value, field
+
+
+def test_defaults_are_valid():
+  cfg = Config()
+  assert cfg.mlp_hidden_sizes == (64, 64)
+  assert cfg.lr_schedule_points == 'constant'
+  assert cfg.entropy_cost_schedule_points == 'constant'
+
+
+def test_list_becomes_tuple_and_config_is_hashable():
+  cfg = Config(mlp_hidden_sizes=[8, 4])
+  assert cfg.mlp_hidden_sizes == (8, 4)
+  assert isinstance(cfg.mlp_hidden_sizes, tuple)
+  assert hash(cfg) == hash(Config(mlp_hidden_sizes=(8, 4)))
+
+
+def test_frozen():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    Config().batch_size = 4  # pytype: disable=not-writable
+
+
+def test_json_round_trip():
+  cfg = Config(env='ALE/Pong-v5', clip_rho_threshold=None, target_return=20.5,
+               mlp_hidden_sizes=(32, 16), use_lstm=True, lr_schedule='0:1e-3,1e6:0',
+               replay_proportion=1.5, replay_buffer_num_slots=8, num_gpus=2)
+  text = cfg.to_json()
+  d = json.loads(text)
+  assert d['mlp_hidden_sizes'] == [32, 16]
+  assert d['clip_rho_threshold'] is None
+  assert list(d) == sorted(d)
+  assert set(d) == {f.name for f in dataclasses.fields(Config)}
+  assert Config.from_dict(d) == cfg
+  assert Config.from_dict(cfg.to_dict()) == cfg
+  assert Config.from_dict(json.loads(Config().to_json())) == Config()
+
+
+def test_from_dict_missing_keys_take_defaults():
+  assert Config.from_dict({'batch_size': 8}) == Config(batch_size=8)
+  assert Config.from_dict({}) == Config()
+
+
+def test_from_dict_unknown_key_is_named():
+  with pytest.raises(ConfigError) as info:
+    Config.from_dict({'batch_size': 8, 'batchsize': 8})
+  assert info.value.field == 'batchsize'
+  assert str(info.value).startswith('batchsize=8: is not a Config field')
+  assert 'did you mean batch_size?' in str(info.value)
+  with pytest.raises(ConfigError, match='^zzz=1: is not a Config field$'):
+    Config.from_dict({'zzz': 1})
+
+
+def test_from_dict_validates():
+  with pytest.raises(ConfigError) as info:
+    Config.from_dict({'batch_size': 0})
+  assert info.value.field == 'batch_size'
+
+
+@pytest.mark.parametrize('changes,replicas', [
+    (dict(), 1),
+    (dict(num_gpus=1), 1),
+    (dict(num_gpus=2), 2),
+    (dict(num_gpus=8), 8),
+    (dict(num_virtual_cpu_devices=1), 1),
+    (dict(num_virtual_cpu_devices=4), 4),
+])
+def test_num_replicas(changes, replicas):
+  assert Config(**changes).num_replicas == replicas
+
+
+def test_replace_revalidates():
+  cfg = Config()
+  new = cfg.replace(batch_size=64, num_gpus=2)
+  assert (new.batch_size, new.num_gpus) == (64, 2)
+  assert cfg.batch_size == 32  # Unchanged.
+  with pytest.raises(ConfigError) as info:
+    cfg.replace(batch_size=0)
+  assert info.value.field == 'batch_size'
+  with pytest.raises(ConfigError) as info:
+    cfg.replace(num_gpus=3)  # 32 unrolls over 3 replicas: a cross-field rule.
+  assert info.value.field == 'batch_size'
+  with pytest.raises(ConfigError) as info:
+    cfg.replace(mlp_hidden_sizes=64)
+  assert info.value.field == 'mlp_hidden_sizes'
+  assert cfg.replace(mlp_hidden_sizes=[3]).mlp_hidden_sizes == (3,)
+
+
+def test_replace_unknown_field_is_named():
+  with pytest.raises(ConfigError) as info:
+    Config().replace(learningrate=0.1)
+  assert info.value.field == 'learningrate'
+  assert 'did you mean learning_rate?' in str(info.value)
+
+
+@pytest.mark.parametrize('spec,expected', [
+    ('constant', 'constant'),
+    ('linear', 'linear'),
+    ('0:0.01', ((0.0, 0.01),)),
+    ('0:0.01,1e6:0.001', ((0.0, 0.01), (1e6, 0.001))),
+    ('0:1,1E6:0.5,1e+7:0', ((0.0, 1.0), (1e6, 0.5), (1e7, 0.0))),
+    ('100:2, 2_000 : 1.5e-1', ((100.0, 2.0), (2000.0, 0.15))),
+    ('-0:-0', ((0.0, 0.0),)),
+])
+def test_parse_schedule(spec, expected):
+  points = config_lib.parse_schedule(spec, 'lr_schedule')
+  assert points == expected
+  if isinstance(points, tuple):
+    for frames, value in points:
+      assert isinstance(frames, float) and isinstance(value, float)
+      assert str(frames)[0] != '-' and str(value)[0] != '-'
+
+
+@pytest.mark.parametrize('spec', [
+    'Linear', 'cosine', '', ',', '0:1,', '0', '0:', ':1', '0:1:2', 'a:1', '1:b',
+    '0:-1', '-5:1', '0:inf', 'inf:1', 'nan:1', '0:nan', '1e6:1,1e6:2', '2:1,1:1',
+    None, 0.1, ('0', '1'),
+])
+def test_parse_schedule_errors(spec):
+  with pytest.raises(ConfigError) as info:
+    config_lib.parse_schedule(spec, 'entropy_cost_schedule')
+  assert info.value.field == 'entropy_cost_schedule'
+  assert info.value.value == spec
+  message = str(info.value)
+  assert message.startswith('entropy_cost_schedule=')
+  assert "must be 'constant', 'linear' or piecewise-linear points" in message
+  assert '\n' not in message
+
+
+def test_schedule_points_properties():
+  cfg = Config(lr_schedule='0:1e-3,1e6:0', entropy_cost_schedule='linear')
+  assert cfg.lr_schedule_points == ((0.0, 1e-3), (1e6, 0.0))
+  assert cfg.entropy_cost_schedule_points == 'linear'
+
+
+def test_config_error_attributes():
+  error = ConfigError('batch_size', 30, 'must be even')
+  assert (error.field, error.value, error.allowed) == ('batch_size', 30, 'must be even')
+  assert str(error) == 'batch_size=30: must be even'
+  assert str(ConfigError('mlp_hidden_sizes', (8, 4), 'x')) == 'mlp_hidden_sizes=8,4: x'

@@ -32,7 +32,9 @@ def run_seed(seed, target, max_frames, extra, workdir):
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   total = time.time() - launch
   if proc.returncode != 0:
-    return {'seed': seed, 'error': proc.stderr.strip().splitlines()[-1:]}
+    err = [l for l in proc.stderr.strip().splitlines()
+           if not l.startswith(('I0000', 'W0000', 'E0000', 'I1', 'W1'))]
+    return {'seed': seed, 'returncode': proc.returncode, 'error': err[-25:]}
   with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
     lines = [json.loads(l) for l in f]
   final = lines[-1]

@@ -116,18 +116,18 @@ class Config:
   frame_stack: int = 4
   max_episode_frames: int = 108_000
   # Actors.
-  num_actors: int = 2
-  num_envs_per_actor: int = 32
-  unroll_length: int = 20
+  num_actors: int = 1
+  num_envs_per_actor: int = 16
+  unroll_length: int = 10
   broadcast_interval: int = 1
   # Data pipeline.
-  batch_size: int = 32
+  batch_size: int = 16
   num_data_loader_buffers: int = 1
   minibatch_buffer_size: int = 1
   num_sgd_iter: int = 1
   replay_proportion: float = 0.0
   replay_buffer_num_slots: int = 0
-  learner_queue_size: int = 4
+  learner_queue_size: int = 1
   learner_queue_timeout: float = 300.0
   # Learner and devices.
   num_gpus: int = 0

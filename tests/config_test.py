@@ -105,7 +105,7 @@ CONFIG_ERRORS = [
     # Cross-field rules.
     (dict(num_gpus=2, batch_size=33), 'batch_size', '33'),
     (dict(num_gpus=4, batch_size=30), 'batch_size', '30'),
-    (dict(num_virtual_cpu_devices=5), 'batch_size', '32'),
+    (dict(num_virtual_cpu_devices=5, batch_size=32), 'batch_size', '32'),
     (dict(num_gpus=2, num_virtual_cpu_devices=2), 'num_virtual_cpu_devices', '2'),
     (dict(replay_proportion=1.0), 'replay_buffer_num_slots', '0'),
     (dict(replay_proportion=0.01), 'replay_buffer_num_slots', '0'),
@@ -250,7 +250,7 @@ def test_num_replicas(changes, replicas):
 
 
 def test_replace_revalidates():
-  cfg = Config()
+  cfg = Config(batch_size=32)
   new = cfg.replace(batch_size=64, num_gpus=2)
   assert (new.batch_size, new.num_gpus) == (64, 2)
   assert cfg.batch_size == 32  # Unchanged.

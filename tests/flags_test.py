@@ -180,11 +180,13 @@ def test_parsed_values():
 
 def test_flagfile(tmp_path):
   flagfile = tmp_path / 'run.cfg'
-  flagfile.write_text('# A comment.\n--batch_size=16\n\n--clip_rho_threshold=none\n'
+  batch_size = 2 * config_lib.Config().batch_size  # Not the default.
+  flagfile.write_text(f'# A comment.\n--batch_size={batch_size}\n\n'
+                      '--clip_rho_threshold=none\n'
                       '--mlp_hidden_sizes=32,32\n--nouse_lstm\n')
   cfg = _config([f'--flagfile={flagfile}', '--num_actors=3'])
   assert cfg == config_lib.Config().replace(
-      batch_size=16, clip_rho_threshold=None, mlp_hidden_sizes=(32, 32),
+      batch_size=batch_size, clip_rho_threshold=None, mlp_hidden_sizes=(32, 32),
       num_actors=3)
   # A later flag overrides the file.
   assert _config([f'--flagfile={flagfile}', '--batch_size=8']).batch_size == 8

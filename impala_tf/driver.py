@@ -110,6 +110,16 @@ class _ActorThread(threading.Thread):
           self.actor.close()
 
 
+def _last_metrics(logdir: str) -> Dict[str, object]:
+  """The last line of logdir/metrics.jsonl ({} when there is none)."""
+  try:
+    with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      lines = [l for l in f if l.strip()]
+    return json.loads(lines[-1]) if lines else {}
+  except (OSError, ValueError):
+    return {}
+
+
 def _prepare_logdir(config: config_lib.Config):
   os.makedirs(config.logdir, exist_ok=True)
   with open(os.path.join(config.logdir, 'config.json'), 'w', encoding='utf-8') as f:
@@ -174,6 +184,13 @@ def train(config: config_lib.Config,
           f'{int(run_state.env_frames.numpy())}, learner_steps='
           f'{int(learner.learner_steps.numpy())})', flush=True)
   base_env_frames = int(run_state.env_frames.numpy())
+  if restored and base_env_frames >= config.total_environment_frames:
+    print(f'impala_tf: {restored} already has env_frames={base_env_frames} >= '
+          f'total_environment_frames={config.total_environment_frames}; nothing to '
+          'train (raise --total_environment_frames to continue)', flush=True)
+    checkpoints.save_policy(learner.network,
+                            os.path.join(config.logdir, checkpoints.SAVED_POLICY_SUBDIR))
+    return RunResult(_last_metrics(config.logdir), config.logdir, False, False)
   base_episodes = int(run_state.episodes.numpy())
   base_wall = float(run_state.wall_seconds.numpy())
   episode_log.count = base_episodes

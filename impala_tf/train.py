@@ -60,10 +60,10 @@ def main(argv):
     sys.exit(1)
   m = result.metrics
   ret = m.get('episode_return_mean')
-  print(f'{PROG}: done: env_frames={m["env_frames"]} learner_steps='
-        f'{m["learner_steps"]} episode_return_mean='
+  print(f'{PROG}: done: env_frames={m.get("env_frames")} learner_steps='
+        f'{m.get("learner_steps")} episode_return_mean='
         f'{"n/a" if ret is None else round(ret, 2)} wall_seconds='
-        f'{m["wall_seconds"]:.1f} logdir={result.logdir}', flush=True)
+        f'{m.get("wall_seconds", 0.0):.1f} logdir={result.logdir}', flush=True)
 
 
 def run():

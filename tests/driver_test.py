@@ -199,6 +199,19 @@ def test_target_return_stops_early(tmp_path):
   _check_counters(_read_metrics(str(tmp_path)), config)
 
 
+def test_rerunning_a_finished_run_trains_nothing(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path))
+  first = driver.train(config)
+  lines_before = len(_read_metrics(str(tmp_path)))
+  second = driver.train(config)
+  # Restored counters already exceed the budget: no step, no new metrics line,
+  # the same final metrics, and the SavedModel is (re)written.
+  assert second.metrics['learner_steps'] == first.metrics['learner_steps']
+  assert second.metrics['env_frames'] == first.metrics['env_frames']
+  assert len(_read_metrics(str(tmp_path))) == lines_before
+  assert os.path.isdir(os.path.join(str(tmp_path), 'saved_policy'))
+
+
 # --- Command line, 2 learner replicas on virtual CPU devices ----------------------
 
 _TINY_FLAGS = ['--num_actors=2', '--num_envs_per_actor=4', '--unroll_length=5',

@@ -313,11 +313,10 @@ def train(config: config_lib.Config,
     while True:
       t0 = time.perf_counter()
       try:
-        shards = next(iterator)
+        out = learner.step_from_iterator(iterator)
       except (StopIteration, tf.errors.OutOfRangeError):
         break
-      t1 = time.perf_counter()
-      out = learner.step(shards)
+      data_wait = float(out['data_wait_seconds'])
       steps_run += 1
       step_version = int(learner.learner_steps.numpy())
       if step_version % config.broadcast_interval == 0:
@@ -326,10 +325,10 @@ def train(config: config_lib.Config,
       if first_step_secs is None:
         first_step_secs = time.time() - start_time
       else:
-        wait_secs += t1 - t0
-        busy_secs += t2 - t1
-        window_wait += t1 - t0
-        window_busy += t2 - t1
+        wait_secs += data_wait
+        busy_secs += t2 - t0 - data_wait
+        window_wait += data_wait
+        window_busy += t2 - t0 - data_wait
       lag_sum += float(out['policy_lag_sum'])
       num_unrolls += float(out['num_unrolls'])
       lag_max = max(lag_max, float(out['policy_lag_max']))

@@ -78,6 +78,11 @@ class Learner(tf.Module):
     # No AutoGraph: the step has no data-dependent Python control flow, and
     # converting it costs seconds of start-up.
     self._train = tf.function(self._train_step, autograph=False)
+    # Fetching the batch inside the same tf.function saves the distributed
+    # iterator's Python overhead (~1.5 ms per step on 2 CPU cores, a third of a
+    # CartPole step).
+    self._train_from_iterator = tf.function(self._train_from_iterator_fn,
+                                            autograph=False)
     # Reading all weights in one call (one dispatch, not one per variable).
     self._read_weights = tf.function(self._read_weights_fn, autograph=False)
 
@@ -107,6 +112,34 @@ class Learner(tf.Module):
       first use.
     """
     return self._train(shards)
+
+  def step_from_iterator(self, iterator) -> Dict[str, tf.Tensor]:
+    """Fetches the next distributed batch and trains on it, in one call.
+
+    Args:
+      iterator: an iterator over `data.distribute(...)`.
+
+    Returns:
+      What `step` returns, plus `data_wait_seconds` (float64 `[]`): the time this
+      call spent waiting for the batch (from the call's start until every shard was
+      available), measured in the graph with `tf.timestamp`.
+
+    Raises:
+      tf.errors.OutOfRangeError: the dataset has ended.
+    """
+    return self._train_from_iterator(iterator)
+
+  def _train_from_iterator_fn(self, iterator):
+    start = tf.timestamp()
+    with tf.control_dependencies([start]):
+      shards = next(iterator)
+    components = [x for x in tf.nest.flatten(
+        tf.nest.map_structure(self._strategy.experimental_local_results, shards))]
+    with tf.control_dependencies(components):
+      ready = tf.timestamp()
+    results = self._train_step(shards)
+    results['data_wait_seconds'] = ready - start
+    return results
 
   def _train_step(self, shards):
     results = self._strategy.run(self._replica_step, args=(shards,))

@@ -145,7 +145,7 @@ class Config:
   # Optimizer.
   optimizer: str = 'adam'
   learning_rate: float = 0.001
-  lr_schedule: str = 'constant'
+  lr_schedule: str = 'linear'
   rmsprop_decay: float = 0.99
   rmsprop_momentum: float = 0.0
   rmsprop_epsilon: float = 0.01

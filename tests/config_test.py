@@ -185,7 +185,8 @@ def test_good_values(changes):
 def test_defaults_are_valid():
   cfg = Config()
   assert cfg.mlp_hidden_sizes == (64, 64)
-  assert cfg.lr_schedule_points == 'constant'
+  # The paper's schedule: linear decay to 0 at total_environment_frames.
+  assert cfg.lr_schedule_points == 'linear'
   assert cfg.entropy_cost_schedule_points == 'constant'
 
 

@@ -129,10 +129,27 @@ class ChunkSource:
     self._lock = threading.Lock()
     self.num_fresh = 0
     self.num_replayed = 0
+    # Generators executing now (not suspended at a yield): the driver waits for 0
+    # before destroying the iterator at shutdown.
+    self.active = 0
     self.error: Optional[BaseException] = None
 
   def generator(self, loader_index=0):
     del loader_index  # All loaders read the same queue.
+    chunks = self._chunks()
+    while True:
+      with self._lock:
+        self.active += 1
+      try:
+        chunk = next(chunks, None)
+      finally:
+        with self._lock:
+          self.active -= 1
+      if chunk is None:
+        return
+      yield chunk
+
+  def _chunks(self):
     while True:
       try:
         chunk = self._get()

@@ -361,7 +361,13 @@ def train(config: config_lib.Config,
     internal_stop.set()
     for t in threads:
       t.join(timeout=30)
-    del iterator
+    # Let the loaders see the stop and return before the iterator is destroyed: its
+    # destructor holds the GIL while it waits for them, and they need the GIL.
+    deadline = time.time() + 10
+    while source.active and time.time() < deadline:
+      time.sleep(0.05)
+    if not source.active:
+      del iterator
     if source.error is not None and not fatal:
       fatal.append(source.error)
     final = snapshot(final=True)

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from impala_tf import environments
 from impala_tf import networks
 from impala_tf import types
 
@@ -244,10 +245,7 @@ class Actor:
       buf['truncated'][row] = truncated
       buf['first'][row] = ~stepped
       buf['prev_action'][row] = np.where(stepped, action, 0)
-      ended = terminated | truncated
-      if 'game_over' in info:
-        ended = np.asarray(info['game_over'], bool) & np.asarray(
-            info.get('_game_over', np.ones(b, bool)), bool)
+      ended = environments.game_over(terminated, truncated, info)
       self._tracker.update(np.asarray(reward, np.float64), stepped, ended)
       self.steps += b
       t = row

@@ -148,10 +148,7 @@ def train(config: config_lib.Config,
   internal_stop = threading.Event()
   start_time = time.time()
 
-  env_kwargs = dict(noop_max=config.noop_max, frame_stack=config.frame_stack,
-                    episodic_life=config.episodic_life,
-                    max_episode_frames=config.max_episode_frames,
-                    use_lstm=config.use_lstm)
+  env_kwargs = checkpoints.env_kwargs(config)
   obs_space, action_space = environments.env_spaces(config.env, **env_kwargs)
   repeat = environments.action_repeat(config.env)
   make_net = lambda: networks.make_network(config, obs_space, action_space)

@@ -1,8 +1,11 @@
 """Packaging for impala_tf.
 
-Version ranges are the ones we have tried (newest tried in parentheses):
-tensorflow 2.16-2.21 (2.21.0), numpy >=1.26 (2.4), gymnasium 1.x (1.4.0),
-absl-py >=2.0 (2.5.1), ale-py >=0.9 (0.12.1).
+Version ranges are the ones we have tried. CI tests the oldest and the newest
+TensorFlow (.ci/run): tensorflow 2.12.1 (with numpy 1.24.3, gymnasium 1.3.0, keras
+2.12 as tf.keras) and 2.21.0 (numpy 2.4, gymnasium 1.4.0, Keras 3; tf-keras 2.21).
+TF 2.12 is the oldest release with Python 3.11 wheels and needs numpy <= 1.24.3,
+hence numpy >= 1.22. absl-py >= 2.0 (2.5.1), ale-py >= 0.9 (0.12.1), OpenCV 4.11
+(old numpy) and 5.0 (numpy 2), ray >= 2.60 (2.60.0).
 """
 
 import os
@@ -40,21 +43,28 @@ setup(
     python_requires='>=3.10',
     packages=find_packages(include=['impala_tf', 'impala_tf.*']),
     install_requires=[
-        'tensorflow>=2.16,<2.22',
-        'numpy>=1.26',
+        'tensorflow>=2.12,<2.22',
+        'numpy>=1.22',
         'gymnasium>=1.0,<1.5',
         'absl-py>=2.0',
     ],
     extras_require={
-        # gymnasium's AtariPreprocessing resizes frames with OpenCV.
-        'atari': ['ale-py>=0.9', 'opencv-python-headless>=4.8'],
+        # gymnasium's AtariPreprocessing resizes frames with OpenCV; EnvPool is the
+        # faster Atari backend (--env_backend), with wheels for Linux.
+        'atari': ['ale-py>=0.9', 'opencv-python-headless>=4.8',
+                  'envpool>=1.2; sys_platform == "linux"'],
+        # --actor_backend=ray (tried: ray 2.60.0).
+        'ray': ['ray>=2.60,<3'],
         'test': [
             'pytest>=8',
             'pytest-xdist>=3',
-            # Legacy Keras for the TF_USE_LEGACY_KERAS=1 tests; must match tensorflow.
-            'tf-keras>=2.16,<2.22',
+            # tf-keras (TF_USE_LEGACY_KERAS=1 on TF >= 2.16) must match the installed
+            # TensorFlow, which no requirement here can say: tests/keras_compat_test.py
+            # is skipped without it, and .ci/run installs `tf-keras~=2.X.0`.
             'ale-py>=0.9',
             'opencv-python-headless>=4.8',
+            'envpool>=1.2; sys_platform == "linux"',
+            'ray>=2.60,<3',
         ],
         'bench': ['matplotlib>=3.7'],
     },

@@ -1,17 +1,24 @@
-"""Atari (Pong) throughput for the shallow, deep and deep+LSTM networks; prints JSON.
+"""Atari (Pong) throughput per env backend and network; prints JSON.
 
 Usage:
   python bench/atari.py [--env=ALE/Pong-v5] [--seconds=90] [--networks=shallow,deep,deep_lstm]
+      [--backends=gymnasium,envpool] [--env_seconds=15] [--skip_step_vs_bare]
       [-- extra train flags]
 
-Two measurements per network:
+Measurements:
 
-1. The whole trainer: `python -m impala_tf.train` on the env for `seconds` of wall
-   time (SIGINT then), with `--num_actors=2 --num_envs_per_actor=8 --batch_size=16
-   --unroll_length=20`. From metrics.jsonl, between the first line after the first
-   learner step and the last line: env frames/s (actors), learner frames/s (frames
-   trained; Atari frames = agent steps x 4) and learner_wait_fraction.
-2. In this process, on the same batch shape ([T+1=21, B=16, 84, 84, C] uint8): the
+0. Env only, per backend (`--env_backend`): 16 envs with our preprocessing stepped
+   with uniformly random actions for `env_seconds`, in this process: frames/s
+   (agent steps x 4). gymnasium: `SyncVectorEnv` and `AsyncVectorEnv`; EnvPool: the
+   synchronous pool the actors use (`EnvPoolVectorEnv`), and EnvPool's async mode
+   (`batch_size` 8 of 16: `recv` the 8 envs that are ready, `send` their actions).
+1. The whole trainer, per network and backend: `python -m impala_tf.train` on the env
+   for `seconds` of wall time (SIGINT then), with `--num_actors=2
+   --num_envs_per_actor=8 --batch_size=16 --unroll_length=20 --env_backend=B`. From
+   metrics.jsonl, between the first line after the first learner step and the last
+   line: env frames/s (actors), learner frames/s (frames trained; Atari frames =
+   agent steps x 4) and learner_wait_fraction.
+2. Per network, in this process, on the same batch shape ([T+1=21, B=16, 84, 84, C] uint8): the
    time of one `Learner.step` (the tf.data element already on the device, V-trace,
    loss, all-reduce, clipping, RMSProp) next to the bare forward+backward pass of the
    same network (`network.unroll` + a scalar loss + `tape.gradient`, in a
@@ -40,10 +47,57 @@ TRAIN_FLAGS = ['--num_actors=2', '--num_envs_per_actor=8', '--batch_size=16',
                '--reward_clipping=abs_one', '--log_interval_secs=5']
 
 
-def trainer_rates(env, name, seconds, extra, workdir):
-  logdir = os.path.join(workdir, name)
+ENV_ONLY_NUM_ENVS = 16
+
+
+def env_only_rates(env, backend, seconds):
+  """Env frames/s of 16 envs stepped with random actions (see the docstring)."""
+  from impala_tf import environments, envpool_env  # pylint: disable=g-import-not-at-top,g-multiple-import
+  n = ENV_ONLY_NUM_ENVS
+  rng = np.random.default_rng(0)
+
+  def timed(step, num_actions, batch):
+    """Calls step(actions int32 [batch]) for `seconds`; returns frames/s."""
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+      step(rng.integers(0, num_actions, batch).astype(np.int32))
+      steps += batch
+    return round(steps * 4 / (time.perf_counter() - start))
+
+  out = {}
+  if backend == 'gymnasium':
+    for mode in ('sync', 'async'):
+      venv = environments.make_vector_env(env, n, 0, vectorization=mode,
+                                          backend='gymnasium')
+      out[f'env_only_fps_{mode}'] = timed(venv.step, venv.single_action_space.n, n)
+      venv.close()
+    return out
+  venv = envpool_env.make_vector_env(env, n, 0)
+  venv.reset()
+  num_actions = venv.single_action_space.n
+  out['env_only_fps_sync'] = timed(venv.step, num_actions, n)
+  venv.close()
+  # EnvPool's async mode, batch_size n / 2: recv the envs that are ready, send
+  # their actions. The raw pool (its own C++ frame stack, no adapter), so an
+  # upper bound for that mode.
+  import envpool  # pylint: disable=g-import-not-at-top
+  pool = envpool.make(env_type='gymnasium', num_envs=n, batch_size=n // 2, seed=0,
+                      **envpool_env.make_kwargs(env))
+  pool.async_reset()
+
+  def async_step(actions):
+    pool.send(actions, pool.recv()[-1]['env_id'])
+
+  out['env_only_fps_async_batch8'] = timed(async_step, num_actions, n // 2)
+  pool.close()
+  return out
+
+
+def trainer_rates(env, name, seconds, extra, workdir, backend='auto'):
+  logdir = os.path.join(workdir, f'{name}_{backend}')
   cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}', f'--env={env}',
-         '--total_environment_frames=100000000'] + TRAIN_FLAGS + NETWORKS[name] + extra
+         '--total_environment_frames=100000000', f'--env_backend={backend}'
+        ] + TRAIN_FLAGS + NETWORKS[name] + extra
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   time.sleep(seconds)
   proc.send_signal(signal.SIGINT)
@@ -135,21 +189,48 @@ def main():
   parser.add_argument('--env', default='ALE/Pong-v5')
   parser.add_argument('--seconds', type=float, default=90)
   parser.add_argument('--networks', default='shallow,deep,deep_lstm')
+  parser.add_argument('--backends', default='gymnasium,envpool',
+                      help='comma-separated --env_backend values to compare')
+  parser.add_argument('--env_seconds', type=float, default=15,
+                      help='seconds per env-only measurement; 0 skips them')
+  parser.add_argument('--skip_step_vs_bare', action='store_true',
+                      help='skip the learner step / bare forward+backward timing')
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
-  results = []
+  backends = args.backends.split(',')
+  env_only, results = {}, []
+  load_before = os.getloadavg()
+  if args.env_seconds > 0:
+    for backend in backends:
+      env_only[backend] = env_only_rates(args.env, backend, args.env_seconds)
+      print(json.dumps({backend: env_only[backend]}), file=sys.stderr, flush=True)
   with tempfile.TemporaryDirectory() as workdir:
     for name in args.networks.split(','):
-      r = {'network': name, 'flags': NETWORKS[name]}
-      r.update(trainer_rates(args.env, name, args.seconds, args.extra, workdir))
-      r.update(step_vs_bare(args.env, name))
-      print(json.dumps(r), file=sys.stderr, flush=True)
-      results.append(r)
+      for backend in backends:
+        r = {'network': name, 'env_backend': backend, 'flags': NETWORKS[name]}
+        r.update(trainer_rates(args.env, name, args.seconds, args.extra, workdir,
+                               backend))
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        results.append(r)
+      if not args.skip_step_vs_bare:
+        r = {'network': name, 'step_vs_bare': step_vs_bare(args.env, name)}
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        results.append(r)
+  rates = {r['env_backend']: r.get('env_fps') for r in results
+           if r.get('network') == 'shallow' and 'env_backend' in r}
+  summary = {}
+  if rates.get('gymnasium') and rates.get('envpool'):
+    summary['shallow_trainer_env_fps_envpool_over_gymnasium'] = round(
+        rates['envpool'] / rates['gymnasium'], 2)
   print(json.dumps({
       'benchmark': 'atari_throughput', 'env': args.env,
       'train_flags': TRAIN_FLAGS + args.extra,
-      'machine': {'cpus': os.cpu_count(), 'python': platform.python_version()},
+      'machine': {'cpus': os.cpu_count(), 'python': platform.python_version(),
+                  'loadavg_1min_before': round(load_before[0], 2),
+                  'loadavg_1min_after': round(os.getloadavg()[0], 2)},
+      'env_only': env_only,
       'results': results,
+      'summary': summary,
   }, indent=1))
 
 

@@ -2,15 +2,25 @@
 
 Usage:
   python bench/cartpole.py [--seeds=0,1,2,3,4] [--target=475] [--max_frames=600000]
+      [--compare_sb3=PYTHON] [--sb3_script=../shared/peers/sb3_ppo_cartpole.py]
       [-- extra train flags, e.g. --num_virtual_cpu_devices=2]
 
 Each seed runs `python -m impala_tf.train --target_return=TARGET --seed=S` (the
 default total_environment_frames, so the default learning-rate schedule) in a fresh
-process; a seed counts as solved when it reaches TARGET within MAX_FRAMES env frames (so TensorFlow's
-import and tracing are part of the time) and reads its metrics.jsonl. Prints one JSON
-object: per seed the env frames and seconds at which the 100-episode mean return first
-reached the target (`seconds_to_target` counts from the process launch), the time from
-launch to the first learner step, and the median / max over seeds.
+process; a seed counts as solved when it reaches TARGET within MAX_FRAMES env frames.
+`seconds_to_target` is the process's whole life, launch to exit (TensorFlow's import,
+tracing and the final SavedModel export included). Start-up is launch to the first
+learner step (`first_learner_step_unix` in metrics.jsonl); before each seed the
+script also times a bare `python -c "import tensorflow"` with the same interpreter,
+and `ours_startup_seconds` = start-up - that import: the part of start-up that is
+impala_tf's.
+
+With `--compare_sb3=PYTHON`, Stable-Baselines3 PPO (the peer script, run with that
+interpreter, which has SB3 installed; SB3 is not a dependency of impala_tf) runs too,
+alternating with impala_tf seed by seed (PPO seed S+1 after impala_tf seed S, as the
+peer's figures use seeds 1..N), and the output adds both medians and their ratio
+(`ratio_impala_over_sb3`; below 1 means impala_tf is faster). The peer's time is its
+`script_start_to_target_s`.
 """
 
 import argparse
@@ -23,9 +33,22 @@ import sys
 import tempfile
 import time
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_DEFAULT_SB3 = os.path.normpath(os.path.join(_HERE, '..', '..', 'shared', 'peers',
+                                             'sb3_ppo_cartpole.py'))
+
+
+def bare_tf_import_seconds(python):
+  """Seconds for `python -c "import tensorflow"` (launch to exit)."""
+  start = time.time()
+  subprocess.run([python, '-c', 'import tensorflow'], capture_output=True,
+                 check=False)
+  return time.time() - start
+
 
 def run_seed(seed, target, max_frames, extra, workdir):
   logdir = os.path.join(workdir, f'seed{seed}')
+  tf_import = bare_tf_import_seconds(sys.executable)
   cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}',
          f'--seed={seed}', f'--target_return={target}', '--log_interval_secs=1'
          ] + extra
@@ -33,15 +56,13 @@ def run_seed(seed, target, max_frames, extra, workdir):
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   total = time.time() - launch
   if proc.returncode != 0:
-    err = [l for l in proc.stderr.strip().splitlines()
-           if not l.startswith(('I0000', 'W0000', 'E0000', 'I1', 'W1'))]
-    return {'seed': seed, 'returncode': proc.returncode, 'error': err[-25:]}
+    return {'seed': seed, 'returncode': proc.returncode,
+            'error': proc.stderr.strip().splitlines()[-25:]}
   with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
     lines = [json.loads(l) for l in f]
   final = lines[-1]
-  # Seconds inside the driver are measured from driver start; add the time the
-  # process spent before it (imports, flag parsing) using the first-step stamp.
-  pre_driver = total - final['wall_seconds'] - _post_seconds(lines, total)
+  first = final.get('first_learner_step_unix')
+  startup = round(first - launch, 2) if first else None
   # The run keeps the default total_environment_frames (the lr schedule's horizon);
   # solving counts only within max_frames.
   solved = bool(final.get('reached_target')) and final['env_frames'] <= max_frames
@@ -49,19 +70,44 @@ def run_seed(seed, target, max_frames, extra, workdir):
       'seed': seed,
       'solved': solved,
       'frames_to_target': final['env_frames'] if solved else None,
-      'seconds_to_target': round(final['wall_seconds'] + pre_driver, 2) if solved
-                           else None,
+      'seconds_to_target': round(total, 2) if solved else None,
       'process_seconds': round(total, 2),
-      'startup_seconds_to_first_learner_step': round(
-          (final.get('startup_seconds') or 0) + pre_driver, 2),
+      'startup_seconds_to_first_learner_step': startup,
+      'bare_tensorflow_import_seconds': round(tf_import, 2),
+      'ours_startup_seconds': (round(startup - tf_import, 2)
+                               if startup is not None else None),
       'final_return_mean': final.get('episode_return_mean'),
       'env_frames': final['env_frames'],
+      'policy_lag_mean': final.get('policy_lag_mean'),
   }
 
 
-def _post_seconds(lines, total):
-  del lines, total
-  return 0.0
+def run_sb3(python, script, seed, target):
+  cmd = [python, script, '--seed', str(seed), '--target-return', str(target),
+         '--quiet']
+  launch = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  total = time.time() - launch
+  try:
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+  except (IndexError, ValueError):
+    return {'seed': seed, 'returncode': proc.returncode,
+            'error': proc.stderr.strip().splitlines()[-10:]}
+  secs = out.get('script_start_to_target_s')
+  return {
+      'seed': seed,
+      'solved': secs is not None,
+      'seconds_to_target': secs,
+      'frames_to_target': out.get(f'env_steps_to_return_{target:g}'),
+      'process_seconds': round(total, 2),
+      'startup_seconds': (out.get('startup') or {}).get('script_start_to_ready_s'),
+      'final_return_mean': out.get('final_mean_return'),
+  }
+
+
+def _median(values):
+  values = [v for v in values if v is not None]
+  return statistics.median(values) if values else None
 
 
 def main():
@@ -69,17 +115,27 @@ def main():
   parser.add_argument('--seeds', default='0,1,2,3,4')
   parser.add_argument('--target', type=float, default=475.0)
   parser.add_argument('--max_frames', type=int, default=600_000)
+  parser.add_argument('--compare_sb3', default='',
+                      help='a Python interpreter with stable-baselines3 installed')
+  parser.add_argument('--sb3_script', default=_DEFAULT_SB3)
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
+  if args.compare_sb3 and not os.path.exists(args.sb3_script):
+    parser.error(f'--sb3_script={args.sb3_script}: no such file')
   seeds = [int(s) for s in args.seeds.split(',')]
-  results = []
+  results, peer = [], []
   with tempfile.TemporaryDirectory() as workdir:
     for s in seeds:
       r = run_seed(s, args.target, args.max_frames, args.extra, workdir)
       print(json.dumps(r), file=sys.stderr, flush=True)
       results.append(r)
-  secs = [r['seconds_to_target'] for r in results if r.get('solved')]
-  frames = [r['frames_to_target'] for r in results if r.get('solved')]
+      if args.compare_sb3:
+        p = run_sb3(args.compare_sb3, args.sb3_script, s + 1, args.target)
+        print(json.dumps({'sb3': p}), file=sys.stderr, flush=True)
+        peer.append(p)
+  solved = [r for r in results if r.get('solved')]
+  secs = [r['seconds_to_target'] for r in solved]
+  frames = [r['frames_to_target'] for r in solved]
   out = {
       'benchmark': 'cartpole_time_to_target',
       'target_return': args.target,
@@ -87,15 +143,31 @@ def main():
       'extra_flags': args.extra,
       'machine': {'cpus': os.cpu_count(), 'python': platform.python_version()},
       'seeds': results,
-      'solved': f'{len(secs)}/{len(results)}',
-      'median_seconds_to_target': statistics.median(secs) if secs else None,
+      'solved': f'{len(solved)}/{len(results)}',
+      'median_seconds_to_target': _median(secs),
       'max_seconds_to_target': max(secs) if secs else None,
-      'median_frames_to_target': statistics.median(frames) if frames else None,
+      'median_frames_to_target': _median(frames),
       'max_frames_to_target': max(frames) if frames else None,
-      'median_startup_seconds': statistics.median(
-          [r['startup_seconds_to_first_learner_step'] for r in results
-           if 'startup_seconds_to_first_learner_step' in r] or [0]),
+      'median_startup_seconds': _median(
+          [r.get('startup_seconds_to_first_learner_step') for r in results]),
+      'median_bare_tensorflow_import_seconds': _median(
+          [r.get('bare_tensorflow_import_seconds') for r in results]),
+      'median_ours_startup_seconds': _median(
+          [r.get('ours_startup_seconds') for r in results]),
   }
+  if args.compare_sb3:
+    peer_secs = [p['seconds_to_target'] for p in peer if p.get('solved')]
+    out['sb3'] = {
+        'python': args.compare_sb3,
+        'seeds': peer,
+        'solved': f'{len(peer_secs)}/{len(peer)}',
+        'median_seconds_to_target': _median(peer_secs),
+        'median_frames_to_target': _median(
+            [p['frames_to_target'] for p in peer if p.get('solved')]),
+    }
+    if out['median_seconds_to_target'] and out['sb3']['median_seconds_to_target']:
+      out['ratio_impala_over_sb3'] = round(
+          out['median_seconds_to_target'] / out['sb3']['median_seconds_to_target'], 3)
   print(json.dumps(out, indent=1))
 
 

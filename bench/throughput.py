@@ -16,6 +16,12 @@ reported separately):
 
 Settings: `default` (the trainer's defaults) and `sgd4` (`--num_sgd_iter=4`, which
 makes the learner the bottleneck).
+
+In the same run (a fresh process, before the settings) it measures the actor loop
+alone: one `impala_tf.actor.Actor` with the default env count and network, acting
+for `--actor_seconds` with its unrolls dropped (no learner, no queue). Each setting
+then reports `env_fps_over_actor_alone`: its env frames/s over that rate (1.0 = the
+whole trainer steps envs as fast as its actor loop can on its own).
 """
 
 import argparse
@@ -33,7 +39,42 @@ SETTINGS = {
 }
 
 
-def measure(name, frames, extra, workdir):
+def actor_alone(seconds):
+  """Env frames/s of one default Actor with its unrolls dropped (in this process)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from impala_tf import actor as actor_lib  # pylint: disable=g-import-not-at-top
+  from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
+  from impala_tf import config as config_lib  # pylint: disable=g-import-not-at-top
+  from impala_tf import environments  # pylint: disable=g-import-not-at-top
+  from impala_tf import networks  # pylint: disable=g-import-not-at-top
+  config = config_lib.Config()
+  kwargs = checkpoints.env_kwargs(config)
+  obs_space, action_space = environments.env_spaces(config.env, **kwargs)
+  env = environments.make_vector_env(config.env, config.num_envs_per_actor, 0,
+                                     vectorization=config.env_vectorization, **kwargs)
+  with tf.device('/cpu:0'):
+    net = networks.make_network(config, obs_space, action_space)
+  broadcast = actor_lib.ParameterBroadcast()
+  broadcast.publish(0, [v.numpy() for v in net.variables])
+  stop = threading.Event()
+  actor = actor_lib.Actor(0, env, net, broadcast, config.unroll_length,
+                          lambda chunk: True, lambda episodes: None, 0, stop)
+  thread = threading.Thread(target=actor.run, daemon=True)
+  thread.start()
+  time.sleep(2.0)  # Warm-up: tracing, first resets.
+  steps0, t0 = actor.steps, time.time()
+  time.sleep(seconds)
+  steps1, t1 = actor.steps, time.time()
+  stop.set()
+  thread.join()
+  actor.close()
+  repeat = environments.action_repeat(config.env)
+  return {'env': config.env, 'num_envs': config.num_envs_per_actor,
+          'env_fps': round((steps1 - steps0) * repeat / (t1 - t0))}
+
+
+def measure(name, frames, extra, workdir, alone_fps=None):
   logdir = os.path.join(workdir, name)
   cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}',
          f'--total_environment_frames={frames}', '--log_interval_secs=1'
@@ -60,6 +101,9 @@ def measure(name, frames, extra, workdir):
       'learner_wait_fraction': round(sum(waits) / len(waits), 3) if waits else None,
       'policy_lag_mean': round(sum(l['policy_lag_mean'] for l in steady) /
                                len(steady), 2),
+      'env_fps_over_actor_alone': (
+          round((b['env_frames'] - a['env_frames']) / dt / alone_fps, 3)
+          if alone_fps else None),
       'window_seconds': round(dt, 1),
       'startup_seconds_to_first_learner_step': lines[-1].get('startup_seconds'),
       'process_seconds': round(time.time() - start, 1),
@@ -70,17 +114,31 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--frames', type=int, default=400_000)
   parser.add_argument('--settings', default='default,sgd4')
+  parser.add_argument('--actor_seconds', type=float, default=10.0)
+  parser.add_argument('--actor_alone_child', action='store_true',
+                      help=argparse.SUPPRESS)
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
+  if args.actor_alone_child:
+    print(json.dumps(actor_alone(args.actor_seconds)))
+    return
+  child = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), '--actor_alone_child',
+       f'--actor_seconds={args.actor_seconds}'], capture_output=True, text=True,
+      check=True)
+  alone = json.loads(child.stdout.strip().splitlines()[-1])
+  print(json.dumps({'actor_alone': alone}), file=sys.stderr, flush=True)
   results = []
   with tempfile.TemporaryDirectory() as workdir:
     for name in args.settings.split(','):
-      results.append(measure(name, args.frames, args.extra, workdir))
+      results.append(measure(name, args.frames, args.extra, workdir,
+                             alone['env_fps']))
       print(json.dumps(results[-1]), file=sys.stderr, flush=True)
   print(json.dumps({
       'benchmark': 'cartpole_throughput',
       'machine': {'cpus': os.cpu_count(), 'python': platform.python_version()},
       'frames_per_run': args.frames,
+      'actor_alone': alone,
       'results': results,
   }, indent=1))
 

@@ -10,14 +10,22 @@ env; fields of `impala_tf.types.Unroll`, the recurrent state flattened into
 The per-step loop does only what must be Python: one forward pass for the whole batch
 of envs (a tf.function call; for a feed-forward MLP, `networks.NumpyMLPPolicy`
 computes the same logits with numpy, which on the CPU is ~10x cheaper than a
-TensorFlow call and does not queue behind the learner's ops), Gumbel-max sampling of the actions in numpy (seeded per unroll
-from the actor's checkpointed tf.random.Generator), one vectorised env step and a few
-numpy row writes. Episode returns and lengths are tracked per env with numpy.
+TensorFlow call and does not queue behind the learner's ops), Gumbel-max sampling of
+the actions in numpy (a numpy generator seeded when the actor starts from the actor's
+checkpointed tf.random.Generator), one vectorised env step and a few numpy row
+writes. Episode returns and lengths are tracked per env with numpy.
+
+Env faults end the actor with an exception (the driver restarts it with a fresh env):
+a NaN or Inf reward or (float) observation is an env bug (`NonFiniteEnvError`,
+naming the env id, the field, the env index and the step), and with a `step_timeout`
+an async vector env that does not finish a step in time is taken as hung
+(`EnvTimeoutError`); the env's processes are then terminated, not waited for.
 """
 
+import multiprocessing
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -25,6 +33,14 @@ import tensorflow as tf
 from impala_tf import environments
 from impala_tf import networks
 from impala_tf import types
+
+
+class NonFiniteEnvError(RuntimeError):
+  """An env returned a NaN or Inf reward or observation."""
+
+
+class EnvTimeoutError(RuntimeError):
+  """A step of an async vector env did not finish within the step timeout."""
 
 
 class ParameterBroadcast:
@@ -94,20 +110,32 @@ class Actor:
       shared with the learner).
     broadcast: the ParameterBroadcast to refresh from.
     unroll_length: T.
-    emit: called with each chunk (dict of arrays `[B, T + 1, ...]`); it may block
-      (back-pressure) and should return False when the actor must stop.
+    emit: called by `run` with each chunk (dict of arrays `[B, T + 1, ...]`); it
+      may block (back-pressure) and should return False when the actor must stop.
+      None when the chunks are taken from `unrolls` instead.
     episode_sink: receives finished `types.EpisodeStats`.
     seed: int, seeds the env resets and the action sampling.
     stop_event: threading.Event; the actor returns soon after it is set.
     rng: optional tf.random.Generator for action sampling (default: from `seed`).
+    env_id: the env's id, for error messages.
+    step_timeout: seconds to wait for one step of an env with `step_async` /
+      `step_wait` (gymnasium's AsyncVectorEnv); None waits forever. Other envs
+      step in this thread and cannot be timed out.
   """
 
   def __init__(self, actor_id: int, env, network, broadcast: ParameterBroadcast,
-               unroll_length: int, emit: Callable[[Dict[str, np.ndarray]], bool],
+               unroll_length: int,
+               emit: Optional[Callable[[Dict[str, np.ndarray]], bool]],
                episode_sink: Callable[[List[types.EpisodeStats]], None], seed: int,
                stop_event: threading.Event,
-               rng: Optional[tf.random.Generator] = None):
+               rng: Optional[tf.random.Generator] = None,
+               env_id: str = '?', step_timeout: Optional[float] = None):
     self.actor_id = actor_id
+    self._env_id = env_id
+    self._step_timeout = step_timeout
+    self._async = step_timeout is not None and hasattr(env, 'step_wait')
+    self._failed = False
+    self._vector_steps = 0
     self._env = env
     self._network = network
     self._broadcast = broadcast
@@ -160,16 +188,54 @@ class Actor:
                      axis=-1).astype(np.int32)
 
   def _reseed(self):
-    """Draws this unroll's numpy sampling seed from the checkpointed TF RNG."""
+    """Draws the numpy sampling seed from the checkpointed TF RNG (once per run)."""
     seed = self._rng.uniform_full_int([2], dtype=tf.int64).numpy()
     self._np_rng = np.random.default_rng([int(s) & (2**63 - 1) for s in seed])
 
   def close(self):
-    """Closes the env (and its subprocesses, if any)."""
+    """Closes the env (and its subprocesses, if any).
+
+    After a failed step the subprocesses are terminated, not asked to close: a
+    hung env would never answer.
+    """
     try:
-      self._env.close()
+      if self._failed and self._async:
+        self._env.close(terminate=True)
+      else:
+        self._env.close()
     except Exception:  # pylint: disable=broad-except
       pass
+
+  def _step(self, action):
+    """One vector step; raises EnvTimeoutError / NonFiniteEnvError on faults."""
+    if self._async:
+      self._env.step_async(action)
+      try:
+        out = self._env.step_wait(timeout=self._step_timeout)
+      except multiprocessing.TimeoutError:
+        raise EnvTimeoutError(
+            f'env {self._env_id} (actor {self.actor_id}) did not finish step '
+            f'{self._vector_steps + 1} within {self._step_timeout:g} s '
+            '(--env_step_timeout_secs); taking it as hung') from None
+    else:
+      out = self._env.step(action)
+    self._vector_steps += 1
+    self._check_finite('reward', out[1])
+    self._check_finite('observation', out[0])
+    return out
+
+  def _check_finite(self, field: str, values):
+    values = np.asarray(values)
+    if values.dtype.kind not in 'fc' or np.isfinite(values).all():
+      return
+    flat = values.reshape(len(values), -1)
+    bad = ~np.isfinite(flat)
+    env_index = int(np.flatnonzero(bad.any(axis=1))[0])
+    value = flat[env_index][bad[env_index]][0]
+    raise NonFiniteEnvError(
+        f'env {self._env_id} (actor {self.actor_id}, env {env_index}) returned a '
+        f'non-finite {field} ({value}) at step {self._vector_steps}; this is a bug '
+        'in the env')
 
   def _refresh(self):
     if self._broadcast.version == self._version:
@@ -177,17 +243,50 @@ class Actor:
     version, weights = self._broadcast.latest()
     if weights is None:
       return
-    self._assign(weights)
     if self._numpy_policy is not None:
+      # The TF copy is never called: skip its assign (a TF call per refresh).
       self._numpy_policy.set_weights(weights)
+    else:
+      self._assign(weights)
     self._version = version
 
   def run(self):
-    """Acts until the stop event is set or `emit` returns False."""
+    """Acts until the stop event is set or `emit` returns False.
+
+    Raises:
+      NonFiniteEnvError, EnvTimeoutError: env faults (see the module docstring);
+        any exception of the env.
+    """
+    for chunk in self.unrolls():
+      if not self._emit(chunk):
+        return
+
+  def unrolls(self) -> Iterator[Dict[str, np.ndarray]]:
+    """Acts and yields one chunk per unroll until the stop event is set.
+
+    The envs advance only while the generator runs: a consumer that takes one chunk
+    per call (a Ray actor answering requests) gets exactly the chunks `run` emits.
+    The policy snapshot is refreshed right after each chunk is taken.
+
+    Yields:
+      Chunks: dicts of arrays `[B, T + 1, ...]` (see the module docstring).
+
+    Raises:
+      NonFiniteEnvError, EnvTimeoutError: env faults (see the module docstring);
+        any exception of the env.
+    """
+    try:
+      yield from self._unrolls()
+    except Exception:
+      self._failed = True
+      raise
+
+  def _unrolls(self) -> Iterator[Dict[str, np.ndarray]]:
     b, t_len = self._num_envs, self._t
     self._refresh()
     obs, _ = self._env.reset(seed=self._seed)
     obs = np.asarray(obs)
+    self._check_finite('observation', obs)
     state = self._network.initial_state(b)
     num_actions = self._network.num_actions
 
@@ -224,19 +323,17 @@ class Actor:
       buf['action'][t] = action
       buf['behaviour_logits'][t] = logits
       if t == t_len:
-        if not self._emit(self._chunk(buf, state_at_start, t_len)):
-          return
+        yield self._chunk(buf, state_at_start, t_len)
         last = {k: v[t_len].copy() for k, v in buf.items()}
         buf = buffers()
         for k, v in last.items():
           buf[k][0] = v
         state_at_start = state
         self._refresh()
-        self._reseed()
         t = 0
       state = new_state
       # Step the envs with action[t]; fill row t + 1.
-      obs, reward, terminated, truncated, info = self._env.step(action)
+      obs, reward, terminated, truncated, info = self._step(action)
       stepped = ~(buf['terminated'][t] | buf['truncated'][t])
       row = t + 1
       buf['observation'][row] = obs

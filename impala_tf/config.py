@@ -18,12 +18,26 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 from typing import Optional, Tuple
 
 OPTIMIZERS = ('rmsprop', 'adam')
 NETWORKS = ('auto', 'mlp', 'shallow', 'deep')
+NETWORK_ALLOWED = (
+    f'must be one of {", ".join(NETWORKS)}, or MODULE:FUNCTION naming your own torso '
+    '(e.g. my_pkg.nets:torso, FUNCTION(observation_space, action_space) returning '
+    'a Keras model or layer, a tf.Module or a callable)')
+_USER_NETWORK_RE = re.compile(r'^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$')
 REWARD_CLIPPINGS = ('abs_one', 'soft_asymmetric', 'none')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
+ENV_BACKENDS = ('auto', 'gymnasium', 'envpool')
+ACTOR_BACKENDS = ('threads', 'ray')
+
+RESOURCES_ALLOWED = (
+    'must be a JSON object of Ray resource names to numbers >= 0, e.g. '
+    '\'{"CPU": 1}\' or \'{"CPU": 1, "actor_node": 1}\' (CPU, GPU and memory are '
+    "Ray's built-in resources, other names are custom resources given to "
+    '`ray start --resources`)')
 
 SCHEDULE_ALLOWED = (
     "must be 'constant', 'linear' or piecewise-linear points "
@@ -101,6 +115,37 @@ def parse_schedule(spec: str, field: str):
   return tuple(points)
 
 
+def parse_resources(spec: str, field: str) -> dict:
+  """Parses a JSON object of Ray resources, e.g. '{"CPU": 1, "GPU": 0.5}'.
+
+  Args:
+    spec: the JSON text.
+    field: the field name, for error messages.
+
+  Returns:
+    A dict of resource name (str) -> float >= 0.
+
+  Raises:
+    ConfigError: naming `field` when the text is not such an object.
+  """
+  if not isinstance(spec, str):
+    raise ConfigError(field, spec, RESOURCES_ALLOWED + _got(spec))
+  try:
+    parsed = json.loads(spec)
+  except ValueError:
+    raise ConfigError(field, spec, RESOURCES_ALLOWED + '; it is not JSON') from None
+  if not isinstance(parsed, dict):
+    raise ConfigError(field, spec, RESOURCES_ALLOWED + '; it is not an object')
+  out = {}
+  for name, amount in parsed.items():
+    if not (name.strip() and _is_number(amount) and _finite(amount) and
+            amount >= 0):
+      raise ConfigError(field, spec, f'{RESOURCES_ALLOWED}; {name!r}: {amount!r} is '
+                        'not a number >= 0')
+    out[name] = float(amount)
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Every option of a run. Field names equal the absl flag names.
@@ -111,17 +156,22 @@ class Config:
   # Environment.
   env: str = 'CartPole-v1'
   env_vectorization: str = 'auto'
+  env_backend: str = 'auto'
   noop_max: int = 30
   episodic_life: bool = False
   frame_stack: int = 4
   max_episode_frames: int = 108_000
+  env_step_timeout_secs: float = 60.0
   # Actors.
   num_actors: int = 1
-  num_envs_per_actor: int = 16
+  num_envs_per_actor: int = 8
   unroll_length: int = 10
   broadcast_interval: int = 1
+  actor_backend: str = 'threads'
+  ray_address: str = ''
+  ray_actor_resources: str = '{"CPU": 1}'
   # Data pipeline.
-  batch_size: int = 16
+  batch_size: int = 8
   num_data_loader_buffers: int = 1
   minibatch_buffer_size: int = 1
   num_sgd_iter: int = 1
@@ -144,7 +194,7 @@ class Config:
   reward_clipping: str = 'none'
   # Optimizer.
   optimizer: str = 'adam'
-  learning_rate: float = 0.001
+  learning_rate: float = 0.002
   lr_schedule: str = 'linear'
   rmsprop_decay: float = 0.99
   rmsprop_momentum: float = 0.0
@@ -153,6 +203,7 @@ class Config:
   adam_beta2: float = 0.999
   adam_epsilon: float = 1e-7
   grad_clip: float = 40.0
+  max_nonfinite_updates: int = 10
   # Network.
   network: str = 'auto'
   mlp_hidden_sizes: Tuple[int, ...] = (64, 64)
@@ -176,6 +227,11 @@ class Config:
   def num_replicas(self) -> int:
     """Learner replicas: GPUs, else virtual CPU devices, else 1."""
     return self.num_gpus or self.num_virtual_cpu_devices or 1
+
+  @property
+  def ray_actor_resources_dict(self) -> dict:
+    """`ray_actor_resources` parsed: resource name -> float."""
+    return parse_resources(self.ray_actor_resources, 'ray_actor_resources')
 
   @property
   def lr_schedule_points(self):
@@ -203,6 +259,11 @@ class Config:
     """The Config of `to_dict()` / parsed `to_json()`; missing keys take defaults."""
     _check_known(d)
     return cls(**d)
+
+
+def is_user_network(network) -> bool:
+  """Whether a `network` value is 'MODULE:FUNCTION' (the user's own torso)."""
+  return isinstance(network, str) and bool(_USER_NETWORK_RE.match(network))
 
 
 def _check_known(d: dict):
@@ -270,6 +331,13 @@ def _schedule(field):
   return ok, SCHEDULE_ALLOWED
 
 
+def _resources(field):
+  def ok(v):
+    parse_resources(v, field)  # Raises its own, more precise, ConfigError.
+    return True
+  return ok, RESOURCES_ALLOWED
+
+
 def _clip_threshold():
   return ((lambda v: v is None or (_finite(v) and v > 0)),
           'must be a number > 0, or None for no clipping')
@@ -281,14 +349,21 @@ _RULES = {
     'env': ((lambda v: bool(v.strip())),
             'must be a gymnasium env id such as CartPole-v1 or ALE/Pong-v5'),
     'env_vectorization': _one_of(ENV_VECTORIZATIONS),
+    'env_backend': _one_of(ENV_BACKENDS),
     'noop_max': _ints(0),
     'episodic_life': (None, 'must be True or False'),
     'frame_stack': _ints(1),
     'max_episode_frames': _ints(1),
+    'env_step_timeout_secs': _positive('a number of seconds'),
     'num_actors': _ints(1),
     'num_envs_per_actor': _ints(1),
     'unroll_length': _ints(1),
     'broadcast_interval': _ints(1),
+    'actor_backend': _one_of(ACTOR_BACKENDS),
+    'ray_address': ((lambda v: v == v.strip() and ' ' not in v),
+                    "must be '' (start a local Ray), 'auto' or the address of a "
+                    'running Ray cluster such as 10.0.0.1:6379, without spaces'),
+    'ray_actor_resources': _resources('ray_actor_resources'),
     'batch_size': _ints(1),
     'num_data_loader_buffers': _ints(1),
     'minibatch_buffer_size': _ints(1),
@@ -322,7 +397,8 @@ _RULES = {
     'adam_beta2': _unit_open(),
     'adam_epsilon': _positive(),
     'grad_clip': _non_negative('a number (global-norm clip; 0 disables clipping)'),
-    'network': _one_of(NETWORKS),
+    'max_nonfinite_updates': _ints(1),
+    'network': ((lambda v: v in NETWORKS or is_user_network(v)), NETWORK_ALLOWED),
     'mlp_hidden_sizes': (
         (lambda v: len(v) >= 1 and all(_is_int(h) and h >= 1 for h in v)),
         'must be one or more integers >= 1, e.g. 64,64 (a tuple or list of ints '

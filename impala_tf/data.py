@@ -6,7 +6,8 @@ LearnerQueue (bounded; actors block when it is full)
      each fresh chunk passes through the shared ReplayBuffer, which appends its replays
   -> unbatch to single unrolls [T + 1, ...] -> batch(batch_size) [B, T + 1, ...]
   -> minibatch reuse: groups of minibatch_buffer_size batches, each group emitted
-     num_sgd_iter times in ring order (b1 b2 .. bS b1 b2 .. bS ...)
+     num_sgd_iter times in ring order (b1 b2 .. bS b1 b2 .. bS ...); the next
+     group is prefetched while the current one is reused
   -> split every batch into num_replicas consecutive shards of B / N unrolls
   -> strategy.distribute_datasets_from_function: shard i goes to replica i,
      prefetched onto its device.
@@ -209,7 +210,12 @@ def build_dataset(source: ChunkSource, signature: Dict[str, tf.TensorSpec], *,
         g['reuse'] = tf.fill([minibatch_buffer_size, batch_size], tf.cast(k, tf.int32))
         return tf.data.Dataset.from_tensor_slices(g)
       return tf.data.Dataset.range(num_sgd_iter).flat_map(one_use)
-    ds = ds.batch(minibatch_buffer_size, drop_remainder=True).flat_map(reuse_group)
+    # Load the next group while this one is reused: without this, the batch after
+    # each group's last use is fetched (through the Python generator, which competes
+    # for the GIL with the actor threads) while the learner waits. It adds at most
+    # one group of lag, to data that reuse makes stale anyway.
+    ds = ds.batch(minibatch_buffer_size, drop_remainder=True).prefetch(1)
+    ds = ds.flat_map(reuse_group)
   else:
     ds = ds.map(lambda b: dict(b, reuse=tf.zeros([batch_size], tf.int32)))
   if num_replicas > 1:

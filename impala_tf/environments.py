@@ -24,6 +24,12 @@ Vector envs
             the parent's main module, so they start in well under a second
             and hold no TensorFlow.
 
+Backends
+  `make_vector_env(..., backend=)`: 'gymnasium' (this module's wrappers, the
+  default here), 'envpool' or 'auto' (`--env_backend`): Atari games on EnvPool's
+  C++ thread pool through `impala_tf.envpool_env`, same spaces, preprocessing,
+  episode ends and returns (see that module for the mapping and what differs).
+
 Seeds
   Env `i` of a vector env is seeded with `seed + i` (gymnasium's rule for
   `VectorEnv.reset(seed=int)`; a `vector_entry_point` env seeds one generator for
@@ -55,7 +61,10 @@ Atari (DeepMind preprocessing with gymnasium's own wrappers)
     instead. Every step's info carries `game_over` (bool), which is the real end
     of the game: actors report returns summed up to `game_over` so scores stay
     game scores. In a vector env it is `infos['game_over']` (bool `[B]`) with
-    mask `infos['_game_over']`; see `game_over()`.
+    mask `infos['_game_over']`; see `game_over()`. When the game ends during
+    the no-op step of such a reset, the reset restarts the game and its info
+    has `game_over=True`: in a vector env that is the info of the autoreset
+    step, so the ended game is reported there and not merged into the next.
 
 Classic envs
   `noop_max`, `frame_stack`, `episodic_life` and `use_lstm` do not apply.
@@ -240,7 +249,10 @@ class EpisodicLifeEnv(gym.Wrapper):
 
   Every step and reset info gets `game_over` (bool): True exactly when the game
   itself ended (the wrapped env's terminated or truncated), the real episode end
-  for score reporting. Reset infos have `game_over=False`.
+  for score reporting. Reset infos have `game_over=False`, except when the game
+  ended during the no-op step of a reset after a lost life: then the reset
+  restarts the game and reports `game_over=True`, the end of the game that no
+  step reported.
   """
 
   def __init__(self, env: gym.Env):
@@ -265,16 +277,18 @@ class EpisodicLifeEnv(gym.Wrapper):
 
   def reset(self, *, seed: Optional[int] = None,
             options: Optional[Dict[str, Any]] = None):
+    ended_in_noop = False
     if self._game_over or seed is not None:
       obs, info = self.env.reset(seed=seed, options=options)
     else:
       obs, _, terminated, truncated, info = self.env.step(0)
       if terminated or truncated:  # The game ended during the no-op.
+        ended_in_noop = True
         obs, info = self.env.reset(options=options)
     self._lives = self._read_lives(info)
     self._game_over = False
     info = dict(info)
-    info['game_over'] = False
+    info['game_over'] = ended_in_noop
     return obs, info
 
 
@@ -392,7 +406,8 @@ def make_vector_env(env_id: str,
                     max_episode_frames: int = 108_000,
                     use_lstm: bool = False,
                     repeat_action_probability: Optional[float] = None,
-                    async_context: Optional[str] = None) -> gym.vector.VectorEnv:
+                    async_context: Optional[str] = None,
+                    backend: str = 'gymnasium') -> gym.vector.VectorEnv:
   """Makes a seeded vector env of `num_envs` preprocessed envs.
 
   See the module docstring for the modes, the seeding rule (env i <- seed + i),
@@ -408,10 +423,14 @@ def make_vector_env(env_id: str,
       env frames (agent steps times `action_repeat(env_id)`).
     async_context: multiprocessing start method for 'async'; default
       'forkserver' (or 'spawn'). 'fork' is unsafe once TensorFlow is imported.
+    backend: 'gymnasium', 'envpool' or 'auto' (see
+      `envpool_env.resolve_backend`). With EnvPool the env is an
+      `envpool_env.EnvPoolVectorEnv` (same interface, spaces and episode
+      semantics; `vectorization` does not apply), seeded but not yet reset.
 
   Returns:
     A `gymnasium.vector.VectorEnv` with NEXT_STEP autoreset, already reset with
-    `seed`. Observations `[num_envs, ...]` in the env's dtype (uint8
+    `seed` (gymnasium backend). Observations `[num_envs, ...]` in the env's dtype (uint8
     `[num_envs, 84, 84, C]` for Atari), rewards float `[num_envs]`, terminated
     and truncated bool `[num_envs]`.
 
@@ -424,6 +443,14 @@ def make_vector_env(env_id: str,
     raise ConfigError('num_envs_per_actor', num_envs, 'must be an integer >= 1')
   num_envs = int(num_envs)
   check_env_id(env_id)
+  if backend != 'gymnasium':
+    from impala_tf import envpool_env  # pylint: disable=g-import-not-at-top
+    if envpool_env.resolve_backend(backend, env_id, noop_max) == 'envpool':
+      return envpool_env.make_vector_env(
+          env_id, num_envs, seed, noop_max=noop_max, frame_stack=frame_stack,
+          episodic_life=episodic_life, max_episode_frames=max_episode_frames,
+          use_lstm=use_lstm,
+          repeat_action_probability=repeat_action_probability)
   mode = resolve_vectorization(env_id, vectorization)
   if mode == 'vector_entry_point':
     spec = _spec(env_id)

@@ -24,15 +24,25 @@ line of stdout, e.g.
   episodes, so short episodes are not over-represented.
 
 Errors (no logdir, no config.json, no checkpoint or SavedModel, a bad flag) end the
-program with exit status 2 and one line on stderr.
+program with exit status 2 and one line on stderr. TensorFlow's own start-up logs are
+off unless TF_CPP_MIN_LOG_LEVEL is set or
+`--verbosity=1` is passed (`impala_tf.quiet`).
 """
 
+import dataclasses
 import json
 import math
 import os
 import sys
 from typing import Dict, Optional
 
+from impala_tf import quiet
+
+if __name__ == '__main__':  # As a program only: importing changes no logging.
+  # Before TensorFlow is imported (below).
+  quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 from absl import app
 from absl import flags
 import numpy as np
@@ -71,6 +81,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   define(flags.DEFINE_integer, 'num_envs', 0,
          f'Envs stepped together; 0: min(num_episodes, {_MAX_DEFAULT_ENVS}). '
          'Range: >= 0.', lower_bound=0)
+  define(flags.DEFINE_enum, 'env_backend', None, list(config_lib.ENV_BACKENDS),
+         "Atari emulator backend to evaluate on: 'gymnasium', 'envpool' or "
+         "'auto'; default: the run's --env_backend. Both backends give the same "
+         'observations, so a policy trained on one plays on the other.')
 
 
 class _CheckpointPolicy:
@@ -155,6 +169,7 @@ def run_episodes(config: config_lib.Config, policy, num_episodes: int,
   quota = np.array([num_episodes // n + (i < num_episodes % n) for i in range(n)])
   env = environments.make_vector_env(
       config.env, n, seed, vectorization=config.env_vectorization,
+      backend=config.env_backend,
       **checkpoints.env_kwargs(config))
   rng = np.random.default_rng(seed)
   returns, lengths = [], []
@@ -206,9 +221,12 @@ def run_episodes(config: config_lib.Config, policy, num_episodes: int,
 
 
 def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
-             source: str = 'checkpoint', seed: int = 0, num_envs: int = 0
-             ) -> Dict[str, object]:
+             source: str = 'checkpoint', seed: int = 0, num_envs: int = 0,
+             env_backend: Optional[str] = None) -> Dict[str, object]:
   """Evaluates the policy of a run directory; see the module docstring.
+
+  `env_backend` ('gymnasium', 'envpool', 'auto') replaces the run's
+  `--env_backend`; None keeps it.
 
   Returns:
     `run_episodes`'s dict plus `source`, `path` (checkpoint or SavedModel),
@@ -233,6 +251,8 @@ def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
           '(a run writes it when it ends; python -m impala_tf.export '
           f'--logdir={logdir} writes it from the latest checkpoint)')
     policy = _SavedModelPolicy(path)
+  if env_backend is not None:
+    config = dataclasses.replace(config, env_backend=env_backend)
   result = run_episodes(config, policy, num_episodes, greedy=greedy, seed=seed,
                         num_envs=num_envs)
   result.update(source=source, path=path, greedy=bool(greedy), seed=seed,
@@ -252,7 +272,7 @@ def main(argv):
                               PROG)
   try:
     r = evaluate(fv.logdir, fv.num_episodes, greedy=fv.greedy, source=fv.source,
-                 seed=fv.seed, num_envs=fv.num_envs)
+                 seed=fv.seed, num_envs=fv.num_envs, env_backend=fv.env_backend)
   except checkpoints.RunDirError as e:
     flags_lib.exit_with_error(str(e), PROG)
   except config_lib.ConfigError as e:

@@ -18,17 +18,26 @@ killed) into a network built from `logdir/config.json`, and writes the SavedMode
     python -m impala_tf.export --logdir=/tmp/impala_cartpole [--output=PATH]
 
 A missing directory, config.json or checkpoint ends it with exit status 2 and one
-line on stderr.
+line on stderr. TensorFlow's own start-up logs are off unless TF_CPP_MIN_LOG_LEVEL
+is set or `--verbosity=1` is passed (`impala_tf.quiet`).
 """
 
 import os
 import sys
 from typing import Optional, Tuple
 
+from impala_tf import quiet
+
+if __name__ == '__main__':  # As a program only: importing changes no logging.
+  # Before TensorFlow is imported (by checkpoints).
+  quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 from absl import app
 from absl import flags
 
 from impala_tf import checkpoints
+from impala_tf import config as config_lib
 from impala_tf import flags as flags_lib
 
 PROG = 'impala_tf.export'
@@ -79,6 +88,8 @@ def main(argv):
     output, path = export_run(fv.logdir, fv.output)
   except checkpoints.RunDirError as e:
     flags_lib.exit_with_error(str(e), PROG)
+  except config_lib.ConfigError as e:  # E.g. its --network MODULE is not importable.
+    flags_lib.exit_with_error(f'{checkpoints.CONFIG_FILE} of --logdir: {e}', PROG)
   print(f'{PROG}: wrote {output} from {path}', flush=True)
 
 

@@ -28,10 +28,13 @@ are read from `Config`, never repeated here). Spelling on the command line:
 A value that cannot be parsed ends the program with status 2 and one line on stderr,
 `<prog>: error: <message naming the flag>`; so does a value that `Config` rejects
 (`exit_on_config_error`). `python -m impala_tf.flags` prints docs/flags.md.
+`parse_flags` first checks the installed TensorFlow (`tensorflow_version_error`):
+one older than `MIN_TENSORFLOW` ends the program the same way, saying what it needs.
 """
 
 import collections
 import dataclasses
+import importlib.metadata
 import math
 import os
 import re
@@ -54,12 +57,15 @@ _NONE_SPELLINGS = ('none', '')
 # valid range; absl appends the default and the type.
 _Flag = collections.namedtuple('_Flag', ['name', 'kind', 'help'])
 
-# Kinds: 'string', 'int', 'float', 'bool', 'enum', 'optional_float', 'int_list'.
+# Kinds: 'string', 'int', 'float', 'bool', 'enum', 'optional_float', 'int_list',
+# 'network' (a string: one of NETWORKS or MODULE:FUNCTION, checked by Config).
 _ENUM_VALUES = {
     'env_vectorization': config_lib.ENV_VECTORIZATIONS,
+    'env_backend': config_lib.ENV_BACKENDS,
+    'actor_backend': config_lib.ACTOR_BACKENDS,
     'reward_clipping': config_lib.REWARD_CLIPPINGS,
     'optimizer': config_lib.OPTIMIZERS,
-    'network': config_lib.NETWORKS,
+    'network': config_lib.NETWORKS + ('MODULE:FUNCTION',),
 }
 
 _SCHEDULE_HELP = (
@@ -80,6 +86,14 @@ SECTIONS = (
               "SyncVectorEnv, in the actor's thread), 'async' (AsyncVectorEnv, one "
               "subprocess per env), 'auto' (the env's own batched implementation "
               "where gymnasium registers one, e.g. CartPole; else 'sync')."),
+        _Flag('env_backend', 'enum',
+              "Atari emulator backend: 'gymnasium' (ale-py with gymnasium's "
+              "wrappers, stepped as --env_vectorization says), 'envpool' (EnvPool's "
+              "C++ thread pool; needs pip install envpool, in the atari extra), "
+              "'auto' (EnvPool for the Atari games it has when it is installed and "
+              "--noop_max >= 1, else gymnasium). Both give the same preprocessing, "
+              'episode ends, returns and observation layout. Non-Atari envs always '
+              'use gymnasium.'),
         _Flag('noop_max', 'int',
               'Atari: up to this many no-op frames (a random number) after each '
               'reset (DeepMind preprocessing). 0 disables. Range: >= 0.'),
@@ -96,11 +110,17 @@ SECTIONS = (
               '(108000 = 30 minutes of play), agent steps for other envs (which '
               'also keep their registered limit). Reaching it truncates the '
               'episode: bootstrapped, not terminal. Range: >= 1.'),
+        _Flag('env_step_timeout_secs', 'float',
+              "--env_vectorization=async: seconds an actor waits for one step of "
+              'its envs; an env that takes longer is treated as hung: the actor is '
+              'restarted with fresh env processes (like an env that raises). '
+              'Range: > 0.'),
     )),
     ('actors', 'Actors', (
         _Flag('num_actors', 'int',
-              'Actor threads, each stepping one vector env with a policy snapshot '
-              '(RLlib: num_workers / num_env_runners). Range: >= 1.'),
+              'Actors, each stepping one vector env with a policy snapshot (a '
+              'thread or a Ray actor process, see --actor_backend; RLlib: '
+              'num_workers / num_env_runners). Range: >= 1.'),
         _Flag('num_envs_per_actor', 'int',
               'Environments in each actor\'s vector env (RLlib: '
               'num_envs_per_worker). Range: >= 1.'),
@@ -111,6 +131,21 @@ SECTIONS = (
         _Flag('broadcast_interval', 'int',
               'Learner updates between refreshes of the actors\' policy snapshots '
               '(RLlib: broadcast_interval). Range: >= 1.'),
+        _Flag('actor_backend', 'enum',
+              "Where actors run: 'threads' (threads of the learner's process; "
+              "cheapest start, best for cheap envs on few cores) or 'ray' (one Ray "
+              'actor process each, on this machine or a Ray cluster; needs the ray '
+              'extra). Both produce the same unrolls; see docs/scaling.md.'),
+        _Flag('ray_address', 'string',
+              "With --actor_backend=ray: '' starts a local Ray instance sized to "
+              'this machine, listening on 127.0.0.1 only, without dashboard, shut '
+              "down at exit; 'auto' or an address (HOST:PORT of `ray start "
+              "--head`) joins that cluster and leaves it running."),
+        _Flag('ray_actor_resources', 'string',
+              'With --actor_backend=ray: the Ray resources each actor reserves, a '
+              'JSON object such as {"CPU": 1} or {"CPU": 1, "actor_node": 1} (a '
+              'custom resource of `ray start --resources` places actors on those '
+              'nodes); {} reserves nothing. Range: numbers >= 0.'),
     )),
     ('data', 'Data pipeline', (
         _Flag('batch_size', 'int',
@@ -211,12 +246,20 @@ SECTIONS = (
               'Clip of the global gradient norm, applied once after the '
               'cross-replica all-reduce (RLlib: grad_clip). 0 disables clipping. '
               'Range: >= 0.'),
+        _Flag('max_nonfinite_updates', 'int',
+              'An update whose loss or gradient is NaN or Inf is skipped (weights '
+              'and optimizer slots unchanged; counted as nonfinite_updates in the '
+              'metrics); this many in a row stop the run with an error, keeping '
+              'the last checkpoint. Range: >= 1.'),
     )),
     ('network', 'Network', (
-        _Flag('network', 'enum',
+        _Flag('network', 'network',
               "Torso: 'mlp' for vector observations, 'shallow' or 'deep' (ResNet) "
               "for images (paper, Fig. 3); 'auto' picks mlp for vector observations "
-              'and deep for images.'),
+              "and deep for images; or MODULE:FUNCTION, your own torso: "
+              'FUNCTION(observation_space, action_space) returns a Keras model or '
+              'layer, a tf.Module or a callable mapping float32 [B, *obs_shape] to '
+              '[B, F]; impala_tf adds the heads and the LSTM core (docs/library.md).'),
         _Flag('mlp_hidden_sizes', 'int_list',
               'Widths of the hidden layers of the mlp torso, comma-separated. '
               'Range: one or more integers >= 1.'),
@@ -380,7 +423,7 @@ def define_flags(flag_values: absl_flags.FlagValues = FLAGS) -> None:
       default = _DEFAULTS[spec.name]
       help_text = f'[{key}] {spec.help}'
       kwargs = dict(flag_values=flag_values)
-      if spec.kind == 'string':
+      if spec.kind in ('string', 'network'):
         absl_flags.DEFINE_string(spec.name, default, help_text, **kwargs)
       elif spec.kind == 'bool':
         absl_flags.DEFINE_bool(spec.name, default, help_text, **kwargs)
@@ -449,6 +492,68 @@ def prog_name(argv: Optional[Sequence[str]] = None) -> str:
   return 'impala_tf'
 
 
+# The oldest TensorFlow impala_tf runs on: setup.py's lower bound, tested by CI.
+MIN_TENSORFLOW = (2, 12)
+_TENSORFLOW_DISTRIBUTIONS = ('tensorflow', 'tensorflow-cpu', 'tensorflow-gpu',
+                             'tensorflow-macos', 'tf-nightly')
+
+
+def _installed_tensorflow_version() -> Optional[str]:
+  """The loaded TensorFlow's version, else the installed distribution's, else None."""
+  if 'tensorflow' in sys.modules:
+    return getattr(sys.modules['tensorflow'], '__version__', None)
+  for dist in _TENSORFLOW_DISTRIBUTIONS:
+    try:
+      return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return None
+
+
+def tensorflow_version_error(version: Optional[str] = None) -> Optional[str]:
+  """Says what TensorFlow impala_tf needs if `version` is older; else None.
+
+  Args:
+    version: a TensorFlow version string; by default the installed one, read from
+      the loaded module or the package metadata (importing TensorFlow takes
+      seconds). None when neither is found: the import will say so.
+  """
+  if version is None:
+    version = _installed_tensorflow_version()
+  match = re.match(r'(\d+)\.(\d+)', version or '')
+  if match and tuple(int(g) for g in match.groups()) < MIN_TENSORFLOW:
+    need = '.'.join(map(str, MIN_TENSORFLOW))
+    return (f'impala_tf needs TensorFlow >= {need}, found {version}: '
+            f'pip install "tensorflow>={need}"')
+  return None
+
+
+# Older TensorFlow fails to start a tf.data `from_generator` pipeline under
+# MirroredStrategy ("Unable to find FunctionDef for __inference_Dataset_from_generator_
+# ... in the registry") when TensorFlow is first imported inside an absl app's main;
+# imported before `app.run`, it works. Seen on 2.12, not on 2.15 (2.13-2.14 untried).
+_IMPORT_BEFORE_APP_BELOW = (2, 15)
+
+
+def import_tensorflow_if_old(import_fn: Optional[Callable[[], object]] = None
+                             ) -> None:
+  """Imports TensorFlow now if it is older than 2.15; call before `app.run`.
+
+  Newer TensorFlow is left to the first module that needs it, so that flag errors
+  come without the import's seconds.
+
+  Args:
+    import_fn: called first to import it (e.g. `impala_tf.quiet.quiet_tensorflow`,
+      so that the early import is as quiet as the usual one); TensorFlow is
+      imported afterwards in any case, since `import_fn` may decline to.
+  """
+  match = re.match(r'(\d+)\.(\d+)', _installed_tensorflow_version() or '')
+  if match and tuple(int(g) for g in match.groups()) < _IMPORT_BEFORE_APP_BELOW:
+    if import_fn is not None:
+      import_fn()  # May import nothing (e.g. the user set TF_CPP_MIN_LOG_LEVEL).
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+
+
 def _one_line(message: str) -> str:
   return ' '.join(str(message).split())
 
@@ -506,6 +611,9 @@ def parse_flags(argv: Sequence[str],
     argv[0] and the arguments that are not flags.
   """
   prog = prog or prog_name(argv)
+  version_error = tensorflow_version_error()
+  if version_error:
+    exit_with_error(version_error, prog)
   try:
     remaining = flag_values(list(argv))
   except absl_flags.Error as e:
@@ -551,7 +659,7 @@ def _format_default(spec: _Flag) -> str:
 
 
 def _format_type(spec: _Flag) -> str:
-  if spec.kind == 'enum':
+  if spec.kind in ('enum', 'network'):
     return ' \\| '.join(_ENUM_VALUES[spec.name])
   return {
       'string': 'string',

@@ -9,6 +9,11 @@ applied once by the optimizer (a merge_call that updates every mirror identicall
 Because losses are sums, the applied update equals the single-device update on the
 whole batch, for any number of replicas.
 
+An update whose all-reduced loss or gradient norm is not finite is skipped in the
+graph (`tf.cond` in the optimizer: weights, slots and the optimizer's `iterations`
+unchanged; the same branch on every replica); the step still counts. The counters
+`nonfinite_updates` (in all) and `nonfinite_streak` (in a row) follow it.
+
 The learning-rate and entropy-cost schedules are functions of `consumed_frames`, the
 fresh env frames the learner has trained on (counted once per batch, at its first
 use), which is checkpointed with the rest.
@@ -67,6 +72,9 @@ class Learner(tf.Module):
       self.consumed_frames = counter('consumed_frames')
       self.replayed_frames = counter('replayed_frames')
       self.trained_frames = counter('trained_frames')
+      # Updates skipped for a non-finite loss or gradient: in all, and in a row.
+      self.nonfinite_updates = counter('nonfinite_updates')
+      self.nonfinite_streak = counter('nonfinite_streak')
       lr = optimizers.make_schedule(config.learning_rate, config.lr_schedule_points,
                                     total)
       self._entropy_cost = optimizers.make_schedule(
@@ -83,6 +91,8 @@ class Learner(tf.Module):
     # CartPole step).
     self._train_from_iterator = tf.function(self._train_from_iterator_fn,
                                             autograph=False)
+    self._bound_iterator = None
+    self._bound_train = None
     # Reading all weights in one call (one dispatch, not one per variable).
     self._read_weights = tf.function(self._read_weights_fn, autograph=False)
 
@@ -108,8 +118,10 @@ class Learner(tf.Module):
     Returns:
       dict of scalar tensors: the all-reduced loss sums and counts of
       `losses.compute_loss`, plus grad_norm, learning_rate, entropy_cost,
-      policy_lag_sum / policy_lag_max, and the batch's fresh/replayed frames at
-      first use.
+      policy_lag_sum / policy_lag_max, the batch's fresh/replayed frames at
+      first use, `nonfinite` (1.0 when this update was skipped because the
+      all-reduced loss or gradient norm was not finite, else 0.0) and
+      `nonfinite_streak` (float32, skipped updates in a row up to this one).
     """
     return self._train(shards)
 
@@ -122,12 +134,22 @@ class Learner(tf.Module):
     Returns:
       What `step` returns, plus `data_wait_seconds` (float64 `[]`): the time this
       call spent waiting for the batch (from the call's start until every shard was
-      available), measured in the graph with `tf.timestamp`.
+      available), measured in the graph with `tf.timestamp`; and `weights`: the
+      network's variables after the update (a list of tensors in
+      `network.variables` order), so that publishing them to the actors needs no
+      second call.
 
     Raises:
       tf.errors.OutOfRangeError: the dataset has ended.
     """
-    return self._train_from_iterator(iterator)
+    # The iterator is bound into a tf.function of no arguments (captured, not
+    # passed): passing a distributed iterator flattens its type spec on every call,
+    # which cost more Python time per CartPole step than the step's graph.
+    if self._bound_iterator is not iterator:
+      self._bound_iterator = iterator
+      self._bound_train = tf.function(
+          lambda: self._train_from_iterator_fn(iterator), autograph=False)
+    return self._bound_train()
 
   def _train_from_iterator_fn(self, iterator):
     start = tf.timestamp()
@@ -139,6 +161,8 @@ class Learner(tf.Module):
       ready = tf.timestamp()
     results = self._train_step(shards)
     results['data_wait_seconds'] = ready - start
+    with tf.control_dependencies(tf.nest.flatten(results)):
+      results['weights'] = self._read_weights_fn()
     return results
 
   def _train_step(self, shards):
@@ -149,6 +173,11 @@ class Learner(tf.Module):
     self.consumed_frames.assign_add(tf.cast(results['fresh_frames'], tf.int64))
     self.replayed_frames.assign_add(tf.cast(results['replayed_frames'], tf.int64))
     self.trained_frames.assign_add(tf.cast(results['trained_frames'], tf.int64))
+    skipped = results['nonfinite'] > 0
+    self.nonfinite_updates.assign_add(tf.cast(skipped, tf.int64))
+    streak = self.nonfinite_streak.assign(
+        tf.where(skipped, self.nonfinite_streak + 1, tf.zeros([], tf.int64)))
+    results['nonfinite_streak'] = tf.cast(streak, tf.float32)
     return results
 
   def _replica_step(self, batch):
@@ -204,9 +233,15 @@ class Learner(tf.Module):
     diags['policy_lag_max'] = tf.reduce_max(
         ctx.all_gather(tf.reshape(tf.reduce_max(lag), [1]), axis=0))
     grad_norm = tf.linalg.global_norm(grads)
+    # A non-finite loss or gradient (e.g. a too-high learning rate) skips the
+    # update: weights and slots stay as they are. The values are all-reduced, so
+    # every replica takes the same branch.
+    finite = tf.logical_and(tf.math.is_finite(grad_norm),
+                            tf.math.is_finite(diags['loss']))
     if c.grad_clip > 0:
       grads, _ = tf.clip_by_global_norm(grads, c.grad_clip, use_norm=grad_norm)
-    self.optimizer.apply_gradients(zip(grads, variables))
+    self.optimizer.apply_gradients(zip(grads, variables), condition=finite)
+    diags['nonfinite'] = 1.0 - tf.cast(finite, tf.float32)
     diags['grad_norm'] = grad_norm
     diags['entropy_cost'] = tf.cast(entropy_cost, tf.float32)
     return diags

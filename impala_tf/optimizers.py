@@ -37,6 +37,9 @@ Protocol shared by both:
    not reduce them. It uses `merge_call` and `strategy.extended.update(...)`, so each
    device updates its own copy of every weight and slot, and the learning rate and
    step counter are evaluated once per apply. `None` gradients are skipped.
+   `apply_gradients(..., condition=c)` with a bool `[]` tensor applies the update only
+   where `c` is True (in the graph, with `tf.cond`): when False, the weights, slots
+   and `iterations` are left as they are (the learner skips non-finite updates so).
 
 Schedules (`make_schedule`) map a position in environment frames to a float32 value;
 a callable learning rate is re-evaluated at every `apply_gradients`.
@@ -193,7 +196,7 @@ class _Optimizer(tf.Module):
       raise ValueError(f'variable {var.name} was not passed to build()') from None
     return tuple(getattr(self, '_' + name)[i] for name, _ in self._slot_specs())
 
-  def apply_gradients(self, grads_and_vars) -> None:
+  def apply_gradients(self, grads_and_vars, condition=None) -> None:
     """Applies one update and increments `iterations` once.
 
     Args:
@@ -201,6 +204,8 @@ class _Optimizer(tf.Module):
         `tf.IndexedSlices`, densified) of the variable's shape and dtype, or None
         (that variable is skipped). In a replica context the gradients must be
         identical on every replica (already all-reduced).
+      condition: optional bool `[]` tensor (identical on every replica); when it is
+        False nothing changes: no weight, slot or `iterations` update.
 
     Raises:
       RuntimeError: when called in a replica context of a strategy before `build`.
@@ -216,13 +221,26 @@ class _Optimizer(tf.Module):
       self.build([v for _, v in grads_and_vars])
     if tf.distribute.in_cross_replica_context():
       # Under strategy.scope() but outside strategy.run: gradients are plain tensors.
-      self._distributed_apply(strategy, grads_and_vars)
+      self._distributed_apply(strategy, grads_and_vars, condition)
       return
     tf.distribute.get_replica_context().merge_call(
-        self._distributed_apply, args=(grads_and_vars,))
+        self._distributed_apply, args=(grads_and_vars, condition))
 
-  def _distributed_apply(self, strategy, grads_and_vars):
+  def _distributed_apply(self, strategy, grads_and_vars, condition=None):
     """Runs in cross-replica context: one hyper evaluation, per-device updates."""
+    if condition is None:
+      self._apply_all(strategy, grads_and_vars)
+      return
+    # Identical on every replica (computed from all-reduced values): take the first.
+    condition = strategy.experimental_local_results(condition)[0]
+
+    def apply():
+      self._apply_all(strategy, grads_and_vars)
+      return tf.constant(True)
+
+    tf.cond(condition, apply, lambda: tf.constant(False))
+
+  def _apply_all(self, strategy, grads_and_vars):
     hyper = self._hyper()
     for grad, var in grads_and_vars:
       slots = self._slots_for(var)

@@ -3,10 +3,13 @@
 The only module (with evaluate.py and export.py) that reads absl FLAGS. It turns the
 flags into a validated `Config`, checks what needs the outside world (the env id, the
 GPUs), and hands the Config to `impala_tf.driver.train`. A bad value ends the run with
-exit status 2 and one line on stderr naming the flag, before any file is written.
-Ctrl-C and SIGTERM stop the run cleanly: a final checkpoint, exit status 0.
+exit status 2 and one line on stderr naming the flag, before any file is written;
+so does a --logdir that cannot be written. Ctrl-C and SIGTERM stop the run cleanly: a
+final checkpoint, exit status 0. TensorFlow's own start-up logs are off unless
+TF_CPP_MIN_LOG_LEVEL is set or `--verbosity=1` is passed (`impala_tf.quiet`).
 """
 
+import os
 import signal
 import sys
 import threading
@@ -17,6 +20,7 @@ from absl import logging
 
 from impala_tf import config as config_lib
 from impala_tf import flags as flags_lib
+from impala_tf import quiet
 
 PROG = 'impala_tf.train'
 
@@ -26,11 +30,22 @@ FLAGS = flags.FLAGS
 
 
 def validated_config() -> config_lib.Config:
-  """Config from FLAGS, with the env id and GPUs checked. Exits 2 when invalid."""
+  """Config from FLAGS, with the env id, logdir and GPUs checked. Exits 2 when
+  invalid."""
   def build():
     cfg = flags_lib.config_from_flags(FLAGS)
     from impala_tf import environments  # pylint: disable=g-import-not-at-top
     environments.check_env_id(cfg.env)
+    # Before anything imports TensorFlow; after the checks that need none, so a
+    # bad flag is reported without importing it.
+    quiet.quiet_tensorflow(FLAGS.verbosity)
+    from impala_tf import envpool_env  # pylint: disable=g-import-not-at-top
+    envpool_env.resolve_backend(cfg.env_backend, cfg.env, cfg.noop_max)
+    if config_lib.is_user_network(cfg.network):
+      from impala_tf import networks  # pylint: disable=g-import-not-at-top
+      networks.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
+    from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
+    checkpoints.check_logdir(cfg.logdir)
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top
     distribute.check_gpus(cfg.num_gpus)
     return cfg
@@ -58,15 +73,36 @@ def main(argv):
   except driver.TrainingError as e:
     print(f'{PROG}: error: {e}', file=sys.stderr)
     sys.exit(1)
+  except config_lib.ConfigError as e:  # E.g. a --network torso that does not fit.
+    flags_lib.exit_with_error(f'--{e}', PROG)
   m = result.metrics
   ret = m.get('episode_return_mean')
   print(f'{PROG}: done: env_frames={m.get("env_frames")} learner_steps='
         f'{m.get("learner_steps")} episode_return_mean='
         f'{"n/a" if ret is None else round(ret, 2)} wall_seconds='
         f'{m.get("wall_seconds", 0.0):.1f} logdir={result.logdir}', flush=True)
+  _exit_now(0)
+
+
+def _exit_now(status: int) -> None:
+  """Ends the process at once, after a run that has shut down completely.
+
+  Everything is written and closed by now (checkpoint, metrics, saved_policy; the
+  actors and Ray stopped). What is left is interpreter teardown, in which
+  TensorFlow destroys the tf.data iterator the learner's step graph still holds; its
+  `from_generator` threads then wait for an interpreter that is going away, which
+  stalled 3 of 8 exits by 6-60 s (py-spy: `~IteratorResource` waiting in
+  `UnboundedThreadPool`). `os._exit` skips that teardown.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.flush()
+  os._exit(status)  # pylint: disable=protected-access
 
 
 def run():
+  flags_lib.import_tensorflow_if_old(
+      lambda: quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv)))
   app.run(main, flags_parser=flags_lib.parse_flags)
 
 

@@ -6,6 +6,7 @@ rows 9e (first, reward 0), 9e + 1 .. 9e + 8 (reward 1), row 9e + 8 terminated.
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -94,6 +95,27 @@ def test_chunk_shapes_and_dtypes(mlp_run):
       assert c[k].shape == shape, k
       assert c[k].dtype == dtype, k
     assert not c['replayed'].any()
+
+
+def test_unrolls_generator_yields_what_run_emits(mlp_run):
+  # The Ray backend takes chunks from Actor.unrolls one at a time; they must be the
+  # chunks Actor.run emits with the same seeds and weights.
+  _, chunks, episodes = mlp_run
+  env = environments.make_vector_env(testing.CHAIN_ID, B, seed=0, vectorization='sync')
+  got_episodes = []
+  act = actor_lib.Actor(0, env, _net(), actor_lib.ParameterBroadcast(), T, None,
+                        got_episodes.extend, seed=0, stop_event=threading.Event())
+  gen = act.unrolls()
+  try:
+    got = [next(gen) for _ in range(len(chunks))]
+  finally:
+    act.close()
+  for g, c in zip(got, chunks):
+    assert set(g) == set(c)
+    for k in c:
+      np.testing.assert_array_equal(g[k], c[k], err_msg=k)
+  assert act.steps == B * T * len(chunks)
+  assert got_episodes == episodes[:len(got_episodes)] and got_episodes
 
 
 def test_consecutive_unrolls_overlap_by_one_step(mlp_run):
@@ -185,9 +207,8 @@ def test_policy_version_follows_broadcast():
   assert [int(c['policy_version'][0]) for c in chunks] == [3, 3, 7, 7]
   for c in chunks:
     assert len(set(c['policy_version'].tolist())) == 1
-  # The actor's snapshot now holds the published weights (not its initial ones).
-  for mine, theirs in zip(net.variables, new.variables):
-    np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+  # The actor acts with the published weights, not its initial ones: checked on its
+  # logits below (an MLP actor acts with numpy and leaves its TF copy untouched).
   # Unrolls 0, 1 acted with version 3. Unroll 2's row 0 is unroll 1's last row
   # (acted before the refresh); its other rows and unroll 3 acted with version 7.
   for c in chunks[:2]:
@@ -241,6 +262,65 @@ def test_stop_event_ends_the_run():
   assert len(chunks) == 1
   # Stops within one step of the unroll boundary after the emit.
   assert B * T <= act.steps <= B * (T + 1)
+
+
+def _faulty_actor(fault, vectorization='sync', step_timeout=None):
+  env = environments.make_vector_env(testing.faulty_id(fault), B, seed=0,
+                                     vectorization=vectorization)
+  return actor_lib.Actor(0, env, _net(), actor_lib.ParameterBroadcast(), T,
+                         lambda chunk: True, lambda e: None, seed=0,
+                         stop_event=threading.Event(),
+                         env_id=testing.faulty_id(fault), step_timeout=step_timeout)
+
+
+@pytest.mark.parametrize('fault,field,value', [
+    ('nan_reward', 'reward', 'nan'), ('inf_observation', 'observation', 'inf')])
+def test_non_finite_env_data_stops_the_actor_naming_env_field_and_step(
+    fault, field, value):
+  act = _faulty_actor(fault)
+  try:
+    with pytest.raises(actor_lib.NonFiniteEnvError) as e:
+      act.run()
+  finally:
+    act.close()
+  message = str(e.value)
+  # Every env of the chain is at step 3 of its episode at the actor's 3rd step.
+  assert message.startswith(
+      f'env {testing.faulty_id(fault)} (actor 0, env 0) returned a non-finite '
+      f'{field} ({value}) at step 3;'), message
+  assert act.steps == B * 2  # The faulty step is not counted.
+
+
+def test_huge_but_finite_rewards_pass_the_actor():
+  act = _faulty_actor('huge_reward')
+  chunks = []
+  act._emit = lambda chunk: chunks.append(chunk) or len(chunks) < 2
+  try:
+    act.run()
+  finally:
+    act.close()
+  assert chunks[0]['reward'][0, 1] == np.float32(testing.HUGE_REWARD)
+
+
+def test_hung_async_env_times_out_and_close_terminates_it():
+  # ImpalaHang-v0 hangs at step 3 of an episode (no fault tokens: every time).
+  act = _faulty_actor('hang', vectorization='async', step_timeout=1.0)
+  processes = list(act._env.processes)
+  start = time.monotonic()
+  try:
+    with pytest.raises(actor_lib.EnvTimeoutError, match=r'did not finish step 3 '
+                       r'within 1 s \(--env_step_timeout_secs\)'):
+      act.run()
+    took = time.monotonic() - start
+    # Two good steps, then the 1 s timeout: detected after 1 s, not much later.
+    assert 1.0 <= took < 8.0, took
+  finally:
+    closing = time.monotonic()
+    act.close()
+  assert time.monotonic() - closing < 10.0  # Terminated, not waited for.
+  for p in processes:
+    p.join(timeout=5)
+    assert not p.is_alive()
 
 
 def test_episode_tracker_skips_reset_steps_and_reports_ends():

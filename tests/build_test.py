@@ -47,11 +47,13 @@ _TESTDATA_PATH_RE = re.compile(r'(^|/)testdata(/|$)')
 _PYPI_LABELS = {
     'absl': '@pypi//absl_py',
     'ale_py': '@pypi//ale_py',
+    'envpool': '@pypi//envpool',
     'gymnasium': '@pypi//gymnasium',
     'keras': '@pypi//keras',
     'matplotlib': '@pypi//matplotlib',
     'numpy': '@pypi//numpy',
     'pytest': '@pypi//pytest',
+    'ray': '@pypi//ray',
     'tensorflow': '@pypi//tensorflow',
     'tf_keras': '@pypi//tf_keras',
     'xdist': '@pypi//pytest_xdist',
@@ -577,6 +579,17 @@ def test_readme_test_command_is_what_ci_runs():
                          f'{command!r}')
   assert 'pip install -e ".[test]"' in ci
   assert os.access(REPO_ROOT / '.ci' / 'run', os.X_OK), 'chmod +x .ci/run'
+
+
+def test_ci_tests_the_oldest_tensorflow_setup_py_allows():
+  setup_py = (REPO_ROOT / 'setup.py').read_text(encoding='utf-8')
+  (lower,) = re.findall(r"'tensorflow>=(\d+\.\d+),<[\d.]+'", setup_py)
+  pins = (REPO_ROOT / '.ci' / 'oldest-constraints.txt').read_text(encoding='utf-8')
+  (pinned,) = re.findall(r'^tensorflow==(\d+\.\d+)\.\d+$', pins, re.M)
+  assert pinned == lower, (pinned, lower)
+  ci = (REPO_ROOT / '.ci' / 'run').read_text(encoding='utf-8')
+  assert '-c .ci/oldest-constraints.txt' in ci
+  assert '.ci/cross_version_check.py' in ci
 
 
 def test_generated_build_passes_checker():

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import checkpoints
+from impala_tf import config as config_lib
 from impala_tf import testing
 
 
@@ -92,6 +93,167 @@ def test_optional_trackables_may_be_missing(tmp_path):
                              other=tf.Variable(1.0)).restore_latest()
 
 
+def _three_checkpoints(tmp_path):
+  state = _state()
+  ckpt = checkpoints.Checkpointer(str(tmp_path), 3, **state)
+  paths = []
+  for step in (1, 2, 3):
+    state['counter'].assign(step)
+    paths.append(ckpt.save(step))
+  return paths
+
+
+def _damage(path, damage):
+  """Truncates the data file of checkpoint `path` to half, or removes its index."""
+  if damage == 'truncated_data':
+    data = path + '.data-00000-of-00001'
+    with open(data, 'r+b') as f:
+      f.truncate(os.path.getsize(data) // 2)
+  else:
+    os.remove(path + '.index')
+
+
+def _snapshot(directory):
+  """{file name: bytes} of a directory, to show it was not touched."""
+  return {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+
+
+@pytest.mark.parametrize('damage', ['truncated_data', 'missing_index'])
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous(
+    tmp_path, capfd, damage):
+  paths = _three_checkpoints(tmp_path)
+  latest = paths[-1]
+  _damage(latest, damage)
+  capfd.readouterr()
+  fresh = _state(9)
+  ckpt = checkpoints.Checkpointer(str(tmp_path), 3, **fresh)
+  assert ckpt.restore_latest() == paths[1]
+  assert int(fresh['counter'].numpy()) == 2
+  np.testing.assert_array_equal(fresh['weights'].numpy(),
+                                np.arange(6, dtype=np.float32).reshape(2, 3))
+  err = capfd.readouterr().err
+  lines = [l for l in err.splitlines() if l.startswith('impala_tf:')]
+  assert len(lines) == 1, err
+  assert lines[0].startswith(f'impala_tf: warning: checkpoint {latest} cannot be '
+                             'read ('), lines[0]
+  assert lines[0].endswith('trying the previous one')
+  # The run continues: the next save is the newest checkpoint.
+  fresh['counter'].assign(10)
+  ckpt.save(4)
+  again = _state(9)
+  assert checkpoints.Checkpointer(str(tmp_path), 3, **again).restore_latest(
+  ).endswith('ckpt-4')
+  assert int(again['counter'].numpy()) == 10
+
+
+def test_no_readable_checkpoint_is_an_error_that_touches_nothing(tmp_path):
+  paths = _three_checkpoints(tmp_path)
+  for p in paths:
+    data = p + '.data-00000-of-00001'
+    with open(data, 'r+b') as f:
+      f.truncate(3)
+  os.remove(paths[0] + '.index')
+  directory = tmp_path / 'checkpoints'
+  before = _snapshot(directory)
+  with pytest.raises(checkpoints.CheckpointUnreadableError) as e:
+    checkpoints.Checkpointer(str(tmp_path), 3, **_state(9)).restore_latest()
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith(f'no checkpoint in {directory} can be read (ckpt-3: ')
+  assert 'ckpt-1: its .index file is missing' in message
+  assert _snapshot(directory) == before
+
+
+def test_checkpoint_with_more_module_variables_is_a_mismatch(tmp_path):
+  big = tf.Module()
+  big.w = [tf.Variable(np.zeros(3, np.float32)), tf.Variable(np.zeros(2, np.float32))]
+  checkpoints.Checkpointer(str(tmp_path), 1, net=big).save(1)
+  small = tf.Module()
+  small.w = [tf.Variable(np.ones(3, np.float32))]
+  # Every variable of `small` is in the checkpoint, but it holds one more.
+  with pytest.raises(checkpoints.CheckpointMismatchError,
+                     match='its net has 2 variables, this run.s has 1'):
+    checkpoints.Checkpointer(str(tmp_path), 1, net=small).restore_latest()
+
+
+def _spaces(cfg):
+  from impala_tf import environments  # pylint: disable=g-import-not-at-top
+  return environments.env_spaces(cfg.env, **checkpoints.env_kwargs(cfg))
+
+
+@pytest.mark.parametrize('change,expected', [
+    (dict(mlp_hidden_sizes=(16, 16)), [('mlp_hidden_sizes', (16,), (16, 16))]),
+    (dict(use_lstm=True), [('use_lstm', False, True)]),
+    (dict(network='shallow', env=testing.FAKE_IMAGE_ID,
+          saved_env=testing.FAKE_IMAGE_ID), [('network', 'auto', 'shallow')]),
+    (dict(network='mlp', env=testing.FAKE_IMAGE_ID, saved_env=testing.FAKE_IMAGE_ID),
+     [('network', 'auto', 'mlp')]),
+    (dict(optimizer='rmsprop'), [('optimizer', 'adam', 'rmsprop')]),
+    (dict(env=testing.FAKE_IMAGE_ID, network='mlp'),
+     [('env', testing.CHAIN_ID, testing.FAKE_IMAGE_ID)]),
+    # Same shapes: no difference.
+    (dict(network='mlp'), []),  # 'auto' is mlp here.
+    (dict(network='deep', env=testing.FAKE_IMAGE_ID,
+          saved_env=testing.FAKE_IMAGE_ID), []),  # 'auto' is deep for images.
+    (dict(lstm_size=32), []),  # No LSTM: its size does not matter.
+    (dict(learning_rate=0.5, seed=7, env=testing.faulty_id('nan_reward')), []),
+])
+def test_resume_differences(change, expected):
+  change = dict(change)
+  saved_env = change.pop('saved_env', testing.CHAIN_ID)
+  saved = testing.tiny_config(env=saved_env).to_dict()
+  cfg = testing.tiny_config(**change)
+  assert checkpoints.resume_differences(saved, cfg, *_spaces(cfg)) == expected
+
+
+def test_check_resume_names_flags_and_values(tmp_path):
+  saved = testing.tiny_config(logdir=str(tmp_path))
+  cfg = saved.replace(mlp_hidden_sizes=(16, 16), optimizer='rmsprop')
+  checkpoints.check_resume(cfg, *_spaces(cfg))  # No checkpoint: nothing to check.
+  (tmp_path / 'config.json').write_text(saved.to_json())
+  checkpoints.Checkpointer(str(tmp_path), 1, **_state()).save(1)
+  with pytest.raises(checkpoints.CheckpointMismatchError) as e:
+    checkpoints.check_resume(cfg, *_spaces(cfg))
+  assert str(e.value) == (
+      f'cannot resume from the checkpoints in {tmp_path / "checkpoints"}: they were '
+      'written with other network or optimizer flags (--optimizer=adam there, '
+      'rmsprop now; --mlp_hidden_sizes=16 there, 16,16 now); rerun with the flags '
+      f'in {tmp_path / "config.json"} or use a new --logdir')
+  checkpoints.check_resume(saved.replace(learning_rate=0.1), *_spaces(cfg))
+
+
+def test_check_logdir(tmp_path):
+  checkpoints.check_logdir(str(tmp_path / 'new' / 'run'))  # Can be created.
+  assert not (tmp_path / 'new').exists()
+  assert os.listdir(tmp_path) == []  # The probe file is gone.
+  (tmp_path / 'file').write_text('x')
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'^logdir=.*/file: is a file, not a directory'):
+    checkpoints.check_logdir(str(tmp_path / 'file'))
+  with pytest.raises(config_lib.ConfigError, match=r'/file is a file, not a dir'):
+    checkpoints.check_logdir(str(tmp_path / 'file' / 'run'))
+
+
+def test_check_logdir_read_only(tmp_path):
+  ro = tmp_path / 'ro'
+  ro.mkdir()
+  os.chmod(ro, 0o500)
+  try:
+    try:  # Root (or a capability) may still write here: then skip.
+      (ro / 'probe').write_text('x')
+      (ro / 'probe').unlink()
+      pytest.skip('this user can write to a read-only directory (root?)')
+    except OSError:
+      pass
+    with pytest.raises(config_lib.ConfigError, match=r'^logdir=.*/ro: cannot be '
+                       'written .*Permission denied'):
+      checkpoints.check_logdir(str(ro))
+    with pytest.raises(config_lib.ConfigError, match='cannot be written'):
+      checkpoints.check_logdir(str(ro / 'run'))
+  finally:
+    os.chmod(ro, 0o700)
+
+
 def test_load_config_errors_name_the_problem(tmp_path):
   with pytest.raises(checkpoints.RunDirError, match='no such directory'):
     checkpoints.load_config(str(tmp_path / 'missing'))
@@ -117,6 +279,55 @@ def test_restore_network_round_trip(tmp_path):
   assert path.endswith('ckpt-3')
   for a, b in zip(loaded.variables, net.variables):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def _network_checkpoints(tmp_path, steps=(1, 2, 3)):
+  """Writes config.json and one checkpoint per step, the network's weights all
+  equal to the step; returns (config, checkpoint paths)."""
+  cfg = testing.tiny_config(logdir=str(tmp_path))
+  (tmp_path / 'config.json').write_text(cfg.to_json())
+  net = checkpoints.build_network(cfg)
+  ckpt = checkpoints.Checkpointer(str(tmp_path), len(steps), network=net)
+  paths = []
+  for step in steps:
+    for v in net.variables:
+      v.assign(tf.fill(v.shape, float(step)))
+    paths.append(ckpt.save(step))
+  return cfg, paths
+
+
+@pytest.mark.parametrize('damage', ['truncated_data', 'missing_index'])
+def test_restore_network_skips_an_unreadable_latest_checkpoint(
+    tmp_path, capfd, damage):
+  _, paths = _network_checkpoints(tmp_path)
+  _damage(paths[-1], damage)
+  capfd.readouterr()
+  _, net, path = checkpoints.restore_network(str(tmp_path))
+  assert path == paths[1]
+  for v in net.variables:
+    np.testing.assert_array_equal(v.numpy(), np.full(v.shape, 2.0, np.float32))
+  lines = [l for l in capfd.readouterr().err.splitlines()
+           if l.startswith('impala_tf:')]
+  assert len(lines) == 1
+  assert lines[0].startswith(
+      f'impala_tf: warning: checkpoint {paths[-1]} cannot be read (')
+  # A checkpoint asked for by name is not replaced by another.
+  with pytest.raises(checkpoints.RunDirError) as e:
+    checkpoints.restore_network(str(tmp_path), paths[-1])
+  assert str(e.value).startswith(f'{paths[-1]}: cannot be read (')
+
+
+def test_restore_network_with_no_readable_checkpoint_says_so(tmp_path):
+  _, paths = _network_checkpoints(tmp_path, steps=(1, 2))
+  for p in paths:
+    _damage(p, 'truncated_data')
+  with pytest.raises(checkpoints.CheckpointUnreadableError) as e:
+    checkpoints.restore_network(str(tmp_path))
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith(
+      f'--logdir={tmp_path}: no checkpoint in checkpoints/ can be read (ckpt-2: ')
+  assert '; ckpt-1: ' in message
 
 
 def test_save_policy_serves_the_network(tmp_path):

@@ -16,13 +16,22 @@ CONFIG_ERRORS = [
     # Ranges of single fields.
     (dict(env=' '), 'env', ' '),
     (dict(env_vectorization='threads'), 'env_vectorization', 'threads'),
+    (dict(env_backend='pool'), 'env_backend', 'pool'),
     (dict(noop_max=-1), 'noop_max', '-1'),
     (dict(frame_stack=0), 'frame_stack', '0'),
     (dict(max_episode_frames=0), 'max_episode_frames', '0'),
+    (dict(env_step_timeout_secs=0), 'env_step_timeout_secs', '0'),
     (dict(num_actors=0), 'num_actors', '0'),
     (dict(num_envs_per_actor=2.5), 'num_envs_per_actor', '2.5'),
     (dict(unroll_length=True), 'unroll_length', 'True'),
     (dict(broadcast_interval=0), 'broadcast_interval', '0'),
+    (dict(actor_backend='procs'), 'actor_backend', 'procs'),
+    (dict(ray_address='10.0.0.1: 6379'), 'ray_address', '10.0.0.1: 6379'),
+    (dict(ray_actor_resources='{"CPU": -1}'), 'ray_actor_resources', '{"CPU": -1}'),
+    (dict(ray_actor_resources='CPU=1'), 'ray_actor_resources', 'CPU=1'),
+    (dict(ray_actor_resources='[1]'), 'ray_actor_resources', '[1]'),
+    (dict(ray_actor_resources='{"CPU": "1"}'), 'ray_actor_resources',
+     '{"CPU": "1"}'),
     (dict(batch_size=0), 'batch_size', '0'),
     (dict(num_data_loader_buffers=0), 'num_data_loader_buffers', '0'),
     (dict(minibatch_buffer_size=0), 'minibatch_buffer_size', '0'),
@@ -68,7 +77,13 @@ CONFIG_ERRORS = [
     (dict(adam_beta2=1.0), 'adam_beta2', '1.0'),
     (dict(adam_epsilon=0), 'adam_epsilon', '0'),
     (dict(grad_clip=-1.0), 'grad_clip', '-1.0'),
+    (dict(max_nonfinite_updates=0), 'max_nonfinite_updates', '0'),
     (dict(network='resnet'), 'network', 'resnet'),
+    (dict(network='my_mod:'), 'network', 'my_mod:'),
+    (dict(network=':torso'), 'network', ':torso'),
+    (dict(network='a:b:c'), 'network', 'a:b:c'),
+    (dict(network='my-mod:torso'), 'network', 'my-mod:torso'),
+    (dict(network='my_mod.torso'), 'network', 'my_mod.torso'),
     (dict(mlp_hidden_sizes=()), 'mlp_hidden_sizes', ''),
     (dict(mlp_hidden_sizes=(64, -1)), 'mlp_hidden_sizes', '64,-1'),
     (dict(mlp_hidden_sizes=[64, 0]), 'mlp_hidden_sizes', '64,0'),
@@ -117,6 +132,10 @@ CONFIG_ERRORS = [
 
 # Good values, each accepted (changes to Config(), and what the field then holds).
 GOOD_VALUES = [
+    dict(actor_backend='ray', ray_address='auto'),
+    dict(actor_backend='ray', ray_address='10.0.0.1:6379',
+         ray_actor_resources='{"CPU": 0.5, "actor_node": 1}'),
+    dict(ray_actor_resources='{}'),
     dict(clip_rho_threshold=None, clip_pg_rho_threshold=None),
     dict(clip_rho_threshold=100, clip_pg_rho_threshold=0.5),
     dict(target_return=None),
@@ -128,6 +147,8 @@ GOOD_VALUES = [
     dict(lr_schedule=' 0 : 1 , 1_000 : 0.5 '),
     dict(entropy_cost_schedule='0:0,5e5:0.01'),
     dict(mlp_hidden_sizes=(7,)),
+    dict(network='my_torsos:keras_mlp'),  # MODULE:FUNCTION, imported at run time.
+    dict(network='pkg.sub_2.nets:Torso_1', use_lstm=True),
     dict(mlp_hidden_sizes=[256, 128, 32]),
     dict(learning_rate=1, discounting=0, vtrace_lambda=0, grad_clip=0,
          entropy_cost=0, baseline_cost=0),
@@ -180,6 +201,13 @@ def test_good_values(changes):
     if isinstance(value, list):
       value = tuple(value)
     assert getattr(cfg, field) == value, field
+
+
+def test_ray_actor_resources_dict():
+  assert Config().ray_actor_resources_dict == {'CPU': 1.0}
+  cfg = Config(ray_actor_resources='{"CPU": 2, "GPU": 0.25, "node_a": 1}')
+  assert cfg.ray_actor_resources_dict == {'CPU': 2.0, 'GPU': 0.25, 'node_a': 1.0}
+  assert Config(ray_actor_resources='{}').ray_actor_resources_dict == {}
 
 
 def test_defaults_are_valid():
@@ -319,3 +347,11 @@ def test_config_error_attributes():
   assert (error.field, error.value, error.allowed) == ('batch_size', 30, 'must be even')
   assert str(error) == 'batch_size=30: must be even'
   assert str(ConfigError('mlp_hidden_sizes', (8, 4), 'x')) == 'mlp_hidden_sizes=8,4: x'
+
+
+def test_user_network_spelling():
+  assert config_lib.is_user_network('pkg.nets:torso')
+  for value in ('mlp', 'auto', 'pkg.nets', 'pkg:', 'a:b:c', None, 3):
+    assert not config_lib.is_user_network(value), value
+  with pytest.raises(ConfigError, match='MODULE:FUNCTION naming your own torso'):
+    Config(network='deep_torso')

@@ -6,6 +6,7 @@ command line in a subprocess (devices must be configured before TensorFlow
 initialises).
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from impala_tf import actor_pool
 from impala_tf import config as config_lib
 from impala_tf import driver
 from impala_tf import testing
@@ -210,6 +212,185 @@ def test_rerunning_a_finished_run_trains_nothing(tmp_path):
   assert second.metrics['env_frames'] == first.metrics['env_frames']
   assert len(_read_metrics(str(tmp_path))) == lines_before
   assert os.path.isdir(os.path.join(str(tmp_path), 'saved_policy'))
+
+
+# --- Reliability: resume checks, env seeds, env faults, non-finite numbers ---------
+
+
+def _snapshot(logdir):
+  """Every file under logdir/checkpoints and config.json, with its bytes."""
+  files = {}
+  for root, _, names in os.walk(os.path.join(logdir, 'checkpoints')):
+    for name in names:
+      with open(os.path.join(root, name), 'rb') as f:
+        files[os.path.join(root, name)] = f.read()
+  with open(os.path.join(logdir, 'config.json'), 'rb') as f:
+    files['config.json'] = f.read()
+  return files
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  logdir = str(tmp_path_factory.mktemp('finished_run'))
+  config = testing.tiny_config(logdir=logdir, total_environment_frames=200)
+  driver.train(config)
+  return config
+
+
+@pytest.mark.parametrize('change,expected', [
+    (dict(mlp_hidden_sizes=(16, 16)), '--mlp_hidden_sizes=16 there, 16,16 now'),
+    (dict(use_lstm=True), '--use_lstm=false there, true now'),
+    (dict(network='deep', env=testing.FAKE_IMAGE_ID),
+     f'--env={testing.CHAIN_ID} there, {testing.FAKE_IMAGE_ID} now; --network=auto '
+     'there, deep now'),
+    (dict(optimizer='rmsprop'), '--optimizer=adam there, rmsprop now'),
+])
+def test_resume_refuses_changed_shapes_and_touches_nothing(finished_run, change,
+                                                           expected):
+  before = _snapshot(finished_run.logdir)
+  with pytest.raises(driver.TrainingError) as e:
+    driver.train(finished_run.replace(total_environment_frames=10_000, **change))
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith('cannot resume from the checkpoints in '), message
+  assert f'({expected}); rerun with the flags in ' in message, message
+  assert _snapshot(finished_run.logdir) == before
+
+
+def test_resumed_run_draws_fresh_env_seeds(tmp_path, monkeypatch):
+  seeds, first_obs = [], []
+  make = driver.environments.make_vector_env
+
+  def recording_make(env_id, num_envs, seed, **kwargs):
+    env = make(env_id, num_envs, seed, **kwargs)
+    reset = env.reset
+
+    def recording_reset(**reset_kwargs):
+      out = reset(**reset_kwargs)
+      seeds.append(reset_kwargs.get('seed'))
+      first_obs.append(np.array(out[0]))
+      return out
+    env.reset = recording_reset
+    return env
+
+  monkeypatch.setattr(driver.environments, 'make_vector_env', recording_make)
+  config = testing.tiny_config(logdir=str(tmp_path), env=testing.FAKE_IMAGE_ID,
+                               network='mlp', total_environment_frames=200)
+  driver.train(config)
+  driver.train(config.replace(total_environment_frames=400))
+  assert seeds == [actor_pool.env_seed(config, 0, 0, 0), actor_pool.env_seed(config, 0, 0, 1)]
+  assert seeds[0] != seeds[1]
+  assert first_obs[0].shape == first_obs[1].shape == (4, 36, 36, 2)
+  assert not np.array_equal(first_obs[0], first_obs[1])
+  reader = tf.train.load_checkpoint(
+      tf.train.latest_checkpoint(os.path.join(str(tmp_path), 'checkpoints')))
+  assert int(reader.get_tensor('resumes/.ATTRIBUTES/VARIABLE_VALUE')) == 1
+  # Deterministic: the same seed, actor, restarts and resumes give the same seed;
+  # restarts and resumes never collide for one run.
+  assert actor_pool.env_seed(config, 0, 0, 1) == seeds[1]
+  drawn = {actor_pool.env_seed(config, a, r, n) for a in range(1) for r in range(5)
+           for n in range(5)}
+  assert len(drawn) == 25
+
+
+def test_env_that_raises_mid_episode_restarts_its_actor(tmp_path, monkeypatch):
+  tokens = testing.fault_tokens(str(tmp_path / 'tokens'), 1)
+  monkeypatch.setenv(testing.FAULTS_ENV_VAR, tokens)
+  config = testing.tiny_config(logdir=str(tmp_path / 'run'),
+                               env=testing.faulty_id('raise'),
+                               total_environment_frames=400)
+  result = driver.train(config)
+  final = result.metrics
+  assert not os.listdir(tokens)  # The fault fired (once).
+  assert final['actor_restarts'] == 1
+  assert final['env_frames'] >= config.total_environment_frames
+  _check_counters(_read_metrics(config.logdir), config)
+  _check_final_identity(final, config)
+  # The cut episode is not reported; every whole one returns 8.
+  assert final['episodes'] > 0 and final['episode_return_mean'] == 8.0
+
+
+def test_non_finite_env_data_stops_the_run_after_the_restart_limit(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path),
+                               env=testing.faulty_id('nan_reward'),
+                               total_environment_frames=10_000)
+  with pytest.raises(driver.TrainingError) as e:
+    driver.train(config)
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith(
+      f'actor 0 died 5 times in 60 s; last error: NonFiniteEnvError: env '
+      f'{testing.faulty_id("nan_reward")} (actor 0, env 0) returned a non-finite '
+      'reward (nan) at step 3;'), message
+  final = _read_metrics(str(tmp_path))[-1]
+  assert final['final'] is True and final['actor_restarts'] == 4
+  assert tf.train.latest_checkpoint(os.path.join(str(tmp_path), 'checkpoints'))
+
+
+def test_non_finite_updates_stop_the_run_keeping_the_last_checkpoint(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  driver.train(config)
+  before = _snapshot(str(tmp_path))
+  del before['config.json']  # Rewritten (same shapes, another env id).
+  # Same spaces, but rewards so large that every loss overflows to inf.
+  huge = config.replace(env=testing.faulty_id('huge_reward'),
+                        total_environment_frames=10_000, max_nonfinite_updates=3)
+  with pytest.raises(driver.TrainingError) as e:
+    driver.train(huge)
+  message = str(e.value)
+  assert message.startswith('3 updates in a row had a non-finite loss or gradient '
+                            'and were skipped'), message
+  assert 'lower --learning_rate' in message and '\n' not in message
+  after = _snapshot(str(tmp_path))
+  del after['config.json']
+  assert after == before  # No checkpoint written: the last good one is the latest.
+  final = _read_metrics(str(tmp_path))[-1]
+  assert final['final'] is True and final['nonfinite_updates'] == 3
+
+
+def _truncate_data(checkpoint_prefix):
+  data = checkpoint_prefix + '.data-00000-of-00001'
+  with open(data, 'r+b') as f:
+    f.truncate(os.path.getsize(data) // 2)
+
+
+def test_run_resumes_from_the_newest_readable_checkpoint(tmp_path, capfd):
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  first = driver.train(config).metrics
+  second = driver.train(config.replace(total_environment_frames=400)).metrics
+  directory = os.path.join(str(tmp_path), 'checkpoints')
+  newest = tf.train.latest_checkpoint(directory)
+  assert second['env_frames'] > first['env_frames']
+  _truncate_data(newest)
+  capfd.readouterr()
+  third = driver.train(config.replace(total_environment_frames=600)).metrics
+  warnings = [l for l in capfd.readouterr().err.splitlines()
+              if l.startswith('impala_tf: warning:')]
+  assert len(warnings) == 1
+  assert warnings[0].startswith(f'impala_tf: warning: checkpoint {newest} cannot be '
+                                'read ('), warnings[0]
+  # Resumed from the first run's checkpoint (resumes 0 in it; the damaged one held
+  # 1), then trained on to the new budget and checkpointed.
+  assert third['env_frames'] >= 600
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
+  assert int(reader.get_tensor('resumes/.ATTRIBUTES/VARIABLE_VALUE')) == 1
+  assert int(reader.get_tensor(
+      'run_state/env_frames/.ATTRIBUTES/VARIABLE_VALUE')) == third['env_frames']
+
+
+def test_run_with_no_readable_checkpoint_stops_and_touches_nothing(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  driver.train(config)
+  for index in glob.glob(os.path.join(str(tmp_path), 'checkpoints', '*.index')):
+    _truncate_data(index[:-len('.index')])
+  before = _snapshot(str(tmp_path))
+  with pytest.raises(driver.TrainingError) as e:
+    driver.train(config.replace(total_environment_frames=400))
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith('no checkpoint in '), message
+  assert message.endswith('to start over'), message
+  assert _snapshot(str(tmp_path)) == before
 
 
 # --- Command line, 2 learner replicas on virtual CPU devices ----------------------

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from impala_tf import environments
+from impala_tf import testing
 from impala_tf.config import ConfigError
 
 _HAS_ALE = importlib.util.find_spec('ale_py') is not None
@@ -296,6 +297,48 @@ def test_episodic_life_in_vector_env_and_game_over():
   # t=3 life lost; t=4 NEXT_STEP reset (the no-op step); t=6 last life lost.
   assert ends == [(False, False), (False, False), (True, False), (False, False),
                   (False, False), (True, True), (False, False)]
+  env.close()
+
+
+def test_episodic_life_game_end_during_the_noop_step_is_reported():
+  # FakeLivesEnv: a life is lost at step 2, and the game ends at step 3, which is
+  # the no-op step EpisodicLifeEnv's reset takes after the lost life.
+  inner = testing.FakeLivesEnv()
+  env = environments.EpisodicLifeEnv(inner)
+  env.reset(seed=0)
+  steps = [env.step(1) for _ in range(2)]
+  assert [s[2] for s in steps] == [False, True]  # The lost life: terminated.
+  assert [s[4]['game_over'] for s in steps] == [False, False]
+  obs, info = env.reset()
+  # The no-op ended the game: a new game started, and the reset says so.
+  assert inner.games == 2 and obs[0] == 0
+  assert info['game_over'] is True
+  _, _, terminated, _, info = env.step(1)
+  assert not terminated and info['game_over'] is False
+
+
+def test_episodic_life_noop_game_end_splits_episodes_in_a_vector_env():
+  env = gym.vector.SyncVectorEnv(
+      [lambda: environments.EpisodicLifeEnv(testing.FakeLivesEnv())],
+      autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+  env.reset(seed=0)
+  returns, current = [], 0.0
+  prev_done = False
+  ends = []
+  for _ in range(6):
+    _, reward, terminated, truncated, infos = env.step(np.ones(1, np.int64))
+    ended = bool(environments.game_over(terminated, truncated, infos)[0])
+    if not prev_done:
+      current += float(reward[0])
+    ends.append(ended)
+    if ended:
+      returns.append(current)
+      current = 0.0
+    prev_done = bool(terminated[0] or truncated[0])
+  # t=2 life lost; t=3 NEXT_STEP reset whose no-op ends the game: reported there;
+  # t=5 the second game loses a life, t=6 ends the second game the same way.
+  assert ends == [False, False, True, False, False, True]
+  assert returns == [2.0, 2.0]  # Two games of 2 rewarded steps, never merged.
   env.close()
 
 

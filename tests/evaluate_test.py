@@ -29,7 +29,9 @@ PROG = 'impala_tf.evaluate'
 _NATIVE_LOG_RE = re.compile(
     r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
     r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*)$')
+    r'following instructions: .*'
+    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
+    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
 
 
 def _python(args, timeout=180):
@@ -66,7 +68,14 @@ def cli(run, tmp_path_factory):
   no_checkpoint = tmp / 'no_checkpoint'
   no_checkpoint.mkdir()
   shutil.copy(os.path.join(run, 'config.json'), no_checkpoint)
+  # A copy of the run whose newest checkpoint is garbage (as a disk-full save or a
+  # copy cut short leaves it): evaluation warns and uses the one before.
+  damaged = tmp / 'damaged'
+  shutil.copytree(run, damaged)
+  for suffix in ('index', 'data-00000-of-00001'):
+    (damaged / 'checkpoints' / f'ckpt-999999.{suffix}').write_bytes(b'\0garbage')
   commands = {
+      'damaged_latest': [f'--logdir={damaged}', '--num_episodes=2'],
       'default': [f'--logdir={run}', '--num_episodes=5'],
       'greedy_saved_model': [f'--logdir={run}', '--num_episodes=7', '--greedy',
                              '--source=saved_model', '--seed=3', '--num_envs=3'],
@@ -95,6 +104,21 @@ def test_cli_prints_mean_std_min_max_of_the_checkpoint_policy(cli, run):
   assert r['source'] == 'checkpoint'
   assert r['path'] == checkpoints.latest_checkpoint(run)
   assert r['greedy'] is False
+
+
+def test_cli_skips_an_unreadable_newest_checkpoint_with_one_warning(cli, run):
+  result = cli['damaged_latest']
+  assert result.returncode == 0, result.stderr[-3000:]
+  r = _json_line(result.stdout)
+  damaged_dir = os.path.dirname(os.path.dirname(r['path']))  # .../checkpoints/ckpt-N
+  lines = _own_stderr_lines(result.stderr)
+  assert len(lines) == 1, result.stderr[-3000:]
+  assert lines[0].startswith(
+      f'impala_tf: warning: checkpoint {damaged_dir}/checkpoints/ckpt-999999 '
+      'cannot be read ('), lines[0]
+  assert os.path.basename(r['path']) == os.path.basename(
+      checkpoints.latest_checkpoint(run))
+  assert r['episode_return_mean'] == 8.0
 
 
 def test_cli_greedy_from_the_saved_model(cli, run):

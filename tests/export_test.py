@@ -29,7 +29,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 _NATIVE_LOG_RE = re.compile(
     r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
     r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*)$')
+    r'following instructions: .*'
+    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
+    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
 
 _LOADER = textwrap.dedent('''
     import json, sys

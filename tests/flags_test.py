@@ -1,6 +1,7 @@
 """Tests of impala_tf/flags.py, configs/*.cfg and docs/flags.md."""
 
 import dataclasses
+import importlib.metadata
 import os
 import pathlib
 import subprocess
@@ -17,7 +18,8 @@ PROG = 'impala_tf.train'
 
 # Flags users and the other modules rely on (a renamed flag breaks scripts).
 REQUIRED_FLAGS = """
-    env num_actors num_envs_per_actor env_vectorization unroll_length batch_size
+    env num_actors num_envs_per_actor env_vectorization env_backend unroll_length
+    batch_size
     total_environment_frames target_return seed num_gpus num_virtual_cpu_devices
     num_data_loader_buffers minibatch_buffer_size num_sgd_iter replay_proportion
     replay_buffer_num_slots learner_queue_size learner_queue_timeout
@@ -44,6 +46,7 @@ BAD_INPUTS = [
     (['--network=resnet'], 'network'),
     (['--reward_clipping=clip'], 'reward_clipping'),
     (['--env_vectorization=threads'], 'env_vectorization'),
+    (['--env_backend=pool'], 'env_backend'),
     (['--use_lstm=maybe'], 'use_lstm'),
     (['--nouse_lstm=1'], 'use_lstm'),
     (['--use_lstm', 'false'], 'false'),
@@ -85,7 +88,7 @@ BAD_INPUTS = [
     (['--replay_proportion=0.5'], 'replay_buffer_num_slots'),
     (['--replay_proportion=3', '--replay_buffer_num_slots=2'],
      'replay_buffer_num_slots'),
-    (['--total_environment_frames=100'], 'total_environment_frames'),
+    (['--total_environment_frames=50'], 'total_environment_frames'),
 ]
 
 # Config-only errors (no flags involved) are tested in config_test.py.
@@ -293,6 +296,40 @@ def test_unknown_flag_suggests_the_right_one(capsys):
       f'{PROG}: error: unknown flag --batchsize (did you mean --batch_size?)\n')
 
 
+@pytest.mark.parametrize('version,too_old', [
+    ('2.11.1', True), ('2.9.0rc1', True), ('1.15.5', True), ('2.12.0', False),
+    ('2.12.1', False), ('2.21.0', False), ('2.22.0.dev20260101', False)])
+def test_tensorflow_version_error(version, too_old):
+  error = impala_flags.tensorflow_version_error(version)
+  if too_old:
+    assert error == (f'impala_tf needs TensorFlow >= 2.12, found {version}: '
+                     'pip install "tensorflow>=2.12"')
+  else:
+    assert error is None
+
+
+def test_installed_tensorflow_is_new_enough():
+  installed = impala_flags._installed_tensorflow_version()
+  assert installed == importlib.metadata.version('tensorflow')
+  assert impala_flags.tensorflow_version_error() is None
+
+
+def test_min_tensorflow_is_setup_py_lower_bound():
+  setup_py = (REPO / 'setup.py').read_text(encoding='utf-8')
+  need = '.'.join(map(str, impala_flags.MIN_TENSORFLOW))
+  assert f"'tensorflow>={need},<" in setup_py
+
+
+def test_too_old_tensorflow_exits_2_with_one_line(monkeypatch, capsys):
+  monkeypatch.setattr(impala_flags, '_installed_tensorflow_version',
+                      lambda: '2.11.1')
+  status, captured = _run_cli(['--batch_size=8'], capsys)
+  assert status == 2
+  assert captured.err == (
+      f'{PROG}: error: impala_tf needs TensorFlow >= 2.12, found 2.11.1: '
+      'pip install "tensorflow>=2.12"\n')
+
+
 def test_prog_name_of_a_script():
   assert impala_flags.prog_name(['/usr/bin/impala-train']) == 'impala-train'
 
@@ -324,3 +361,30 @@ def test_cli_helpfull_lists_the_flags():
   assert 'Traceback' not in result.stderr
   for name in ('batch_size', 'clip_rho_threshold', 'mlp_hidden_sizes'):
     assert f'--{name}:' in result.stdout, name
+
+
+def test_network_takes_module_function():
+  cfg = _config(['--network=testdata.torsos:keras_mlp', '--use_lstm'])
+  assert cfg.network == 'testdata.torsos:keras_mlp' and cfg.use_lstm
+  assert 'MODULE:FUNCTION' in impala_flags.generate_docs()
+
+
+_EARLY_IMPORT_PROBE = '''
+import sys
+from impala_tf import flags
+flags._installed_tensorflow_version = lambda: sys.argv[1]
+calls = []
+flags.import_tensorflow_if_old(lambda: calls.append(1))  # Declines to import.
+print(len(calls), 'tensorflow' in sys.modules)
+'''
+
+
+@pytest.mark.parametrize('version,imported', [('2.12.1', True),
+                                              ('2.21.0', False)])
+def test_old_tensorflow_is_imported_early_even_when_import_fn_declines(
+    version, imported):
+  # quiet.quiet_tensorflow imports nothing when the user set TF_CPP_MIN_LOG_LEVEL;
+  # on TF < 2.15 the run then failed inside tf.data (CI, stop 14).
+  result = _python('-c', _EARLY_IMPORT_PROBE, version)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['1' if imported else '0', str(imported)]

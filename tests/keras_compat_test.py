@@ -1,13 +1,17 @@
 """impala_tf does not depend on which Keras is installed.
 
-A short training run in a subprocess with `TF_USE_LEGACY_KERAS=1` (tf-keras) passes
-as it does with the default Keras 3, and impala_tf imports no Keras module: TensorFlow
+A short training run in a subprocess with Keras 2 as `tf.keras` passes as it does with
+the default Keras 3: on TensorFlow >= 2.16 that is `TF_USE_LEGACY_KERAS=1` + tf-keras
+(skipped, saying what to install, when tf-keras is absent); on older TensorFlow
+`tf.keras` is Keras 2 already (the variable is ignored). impala_tf imports no Keras
+module: TensorFlow
 itself imports (tf_)keras on `import tensorflow`, so the subprocess records the Keras
 modules loaded after `import tensorflow` and asserts that importing impala_tf and
 training adds none. A source check backs this up.
 """
 
 import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +19,7 @@ import sys
 import textwrap
 
 import pytest
+import tensorflow as tf
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = os.path.join(_REPO, 'impala_tf')
@@ -77,12 +82,27 @@ _SCRIPT = textwrap.dedent(r"""
         legacy=os.environ.get('TF_USE_LEGACY_KERAS'),
         tf_keras_loaded='tf_keras' in sys.modules,
         new_keras_modules=sorted(keras_modules() - before),
+        # Which Keras TensorFlow uses as tf.keras (read last: it imports Keras).
+        tf_keras_root=tf.keras.__name__.split('.')[0],
+        keras_version=getattr(sys.modules.get('keras'), '__version__', None),
         action=int(out['action'].numpy()[0]))))
 """)
 
 
+def _tf_minor():
+  return tuple(int(p) for p in tf.__version__.split('.')[:2])
+
+
+def _tf_keras_installed():
+  return importlib.util.find_spec('tf_keras') is not None
+
+
 @pytest.mark.parametrize('legacy', ['1'])
 def test_training_with_legacy_keras(tmp_path, legacy):
+  if _tf_minor() >= (2, 16) and not _tf_keras_installed():
+    major, minor = _tf_minor()
+    pytest.skip(f'needs tf-keras matching TensorFlow {tf.__version__}: '
+                f'pip install "tf-keras~={major}.{minor}.0"')
   script = tmp_path / 'keras_check.py'
   script.write_text(_SCRIPT)
   logdir = tmp_path / 'run'
@@ -97,8 +117,14 @@ def test_training_with_legacy_keras(tmp_path, legacy):
   out = json.loads(lines[-1][len('RESULT '):])
   assert out['legacy'] == legacy
   if legacy == '1':
-    # TensorFlow honoured the switch (so the run really used the tf-keras setup).
-    assert out['tf_keras_loaded']
+    # The run really used Keras 2 as tf.keras: tf-keras (TF >= 2.16 honoured the
+    # switch), or the keras 2.x package that older TensorFlow ships as tf.keras.
+    if _tf_minor() >= (2, 16):
+      assert out['tf_keras_loaded']
+      assert out['tf_keras_root'] == 'tf_keras', out
+    else:
+      assert out['tf_keras_root'] == 'keras', out
+      assert out['keras_version'].startswith('2.'), out
   assert out['new_keras_modules'] == [], out['new_keras_modules']
   m = out['metrics']
   assert m['env_frames'] >= 200 and m['learner_steps'] >= 2

@@ -252,6 +252,34 @@ def test_learner_applies_reward_clipping():
   assert abs(results[0][0] - results[2][0]) > 1e-3
 
 
+def test_non_finite_update_is_skipped_and_counted():
+  cfg = _config(optimizer='adam', learning_rate=0.01)
+  learner = _make_learner(cfg)
+  good = make_batch(seed=4)
+  out = learner.step(_shards(learner, good))
+  assert float(out['nonfinite']) == 0 and float(out['nonfinite_streak']) == 0
+  state = lambda: [v.numpy().copy() for v in
+                   list(learner.network.variables) + list(learner.optimizer.variables)]
+  before = state()
+  for i, bad_value in enumerate([np.nan, np.inf]):
+    bad = make_batch(seed=5)
+    bad['reward'][2, 3] = bad_value
+    out = learner.step(_shards(learner, bad))
+    assert float(out['nonfinite']) == 1.0
+    assert float(out['nonfinite_streak']) == i + 1
+    # Weights, Adam's slots and its iteration count are exactly as before.
+    for a, b in zip(before, state()):
+      np.testing.assert_array_equal(a, b)
+  assert int(learner.nonfinite_updates.numpy()) == 2
+  assert int(learner.learner_steps.numpy()) == 3  # Skipped steps are steps.
+  assert int(learner.optimizer.iterations.numpy()) == 1
+  out = learner.step(_shards(learner, good))
+  assert float(out['nonfinite']) == 0 and float(out['nonfinite_streak']) == 0
+  assert int(learner.nonfinite_updates.numpy()) == 2
+  assert int(learner.optimizer.iterations.numpy()) == 2
+  assert any(not np.array_equal(a, b) for a, b in zip(before, state()))
+
+
 _TOWER_SCRIPT = textwrap.dedent(r"""
     import json, sys
     from impala_tf import distribute
@@ -301,6 +329,7 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
                       int(learner.replayed_frames.numpy()),
                       int(learner.trained_frames.numpy())],
             iterations=int(learner.optimizer.iterations.numpy()),
+            nonfinite=int(learner.nonfinite_updates.numpy()),
             comps_equal=comps_equal)
       one, two = runs[1], runs[2]
       out[name] = dict(
@@ -314,6 +343,7 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
           diags1=one['diags'], diags2=two['diags'],
           counters=[one['counters'], two['counters']],
           iterations=[one['iterations'], two['iterations']],
+          nonfinite=[one['nonfinite'], two['nonfinite']],
           comps_equal=two['comps_equal'])
     print('RESULT ' + json.dumps(out))
 """)
@@ -327,10 +357,14 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
       'lstm': dict(optimizer='rmsprop', learning_rate=0.05, grad_clip=0.5,
                    use_lstm=True, reward_clipping='abs_one',
                    entropy_cost=0.05),
+      # A NaN reward in the second replica's shard only: both skip the update.
+      'nonfinite': dict(optimizer='adam', learning_rate=0.01, grad_clip=0.5),
   }
   for i, (name, kw) in enumerate(specs.items()):
     cfg = _config(**kw)
     batch = make_batch(seed=10 + i, lstm_size=cfg.lstm_size if cfg.use_lstm else 0)
+    if name == 'nonfinite':
+      batch['reward'][3, 2] = np.nan
     path = tmp_path / f'{name}.npz'
     np.savez(path, **batch)
     cases[name] = dict(config=cfg.to_dict(), batch=str(path))
@@ -349,9 +383,15 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
   for name, r in out.items():
     assert r['replicas'] == [1, 2], (name, r)
     assert r['init_diff'] == 0.0, (name, r['init_diff'])  # Same seeded weights.
+    assert r['comps_equal'], name  # Every mirror holds the same value.
+    if name == 'nonfinite':
+      assert r['moved'] == 0.0 and r['max_weight_diff'] == 0.0, r
+      assert r['iterations'] == [0, 0] and r['nonfinite'] == [1, 1], r
+      assert r['diags1']['nonfinite'] == r['diags2']['nonfinite'] == 1.0, r
+      continue
+    assert r['nonfinite'] == [0, 0], (name, r)
     assert r['moved'] > 1e-4, (name, r['moved'])
     assert r['max_weight_diff'] < 1e-5, (name, r['max_weight_diff'])
-    assert r['comps_equal'], name  # Every mirror holds the same value.
     assert r['iterations'] == [1, 1], (name, r['iterations'])
     d1, d2 = r['diags1'], r['diags2']
     assert d1['grad_norm'] > specs[name]['grad_clip'], (name, d1['grad_norm'])

@@ -148,6 +148,33 @@ def test_schedules():
     optimizers.make_schedule(1.0, 'cosine', 10)
 
 
+@pytest.mark.parametrize('name', ['rmsprop', 'adam'])
+def test_condition_false_changes_nothing_true_applies(name):
+  cfg = config_lib.Config(optimizer=name, rmsprop_momentum=0.5)
+  w, ref = tf.Variable(_W0), tf.Variable(_W0)
+  opt, ref_opt = (optimizers.make_optimizer(cfg, 0.1) for _ in range(2))
+  opt.build([w])
+  ref_opt.build([ref])
+
+  @tf.function(autograph=False)
+  def step(grad, ok):
+    opt.apply_gradients([(grad, w)], condition=ok)
+
+  step(tf.constant(_GRADS[0]), tf.constant(True))
+  ref_opt.apply_gradients([(tf.constant(_GRADS[0]), ref)])
+  before = [v.numpy().copy() for v in opt.variables] + [w.numpy().copy()]
+  nan = np.full_like(_GRADS[1], np.nan)
+  step(tf.constant(nan), tf.constant(False))  # Skipped: nothing moves.
+  after = [v.numpy() for v in opt.variables] + [w.numpy()]
+  for a, b in zip(before, after):
+    np.testing.assert_array_equal(a, b)
+  assert int(opt.iterations.numpy()) == 1
+  step(tf.constant(_GRADS[1]), tf.constant(True))
+  ref_opt.apply_gradients([(tf.constant(_GRADS[1]), ref)])
+  np.testing.assert_allclose(w.numpy(), ref.numpy(), rtol=1e-6)
+  assert int(opt.iterations.numpy()) == 2
+
+
 def test_checkpoint_round_trip_restores_slots(tmp_path):
   w = tf.Variable(_W0)
   opt = optimizers.make_optimizer(

@@ -34,7 +34,9 @@ PROG = 'impala_tf.train'
 _NATIVE_LOG_RE = re.compile(
     r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
     r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*)$')
+    r'following instructions: .*'
+    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
+    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
 
 # A run that trains in seconds on the chain env (reward 1 per step, 8 steps).
 TINY = [f'--env={testing.CHAIN_ID}', '--num_actors=1', '--num_envs_per_actor=4',
@@ -310,6 +312,100 @@ def _assert_learner_restores_optimizer_slots(logdir, ckpt, reader):
     assert matches, f'no optimizer variable holds the value of {key}'
     changed += any(not np.array_equal(fresh[i], value) for i in matches)
   assert changed, 'every restored slot equals a fresh one'
+
+
+# --- quiet start, logdir, hung env ------------------------------------------------
+
+
+def _quiet_env(**extra):
+  """The test env without TF_CPP_MIN_LOG_LEVEL: the defaults a user gets."""
+  env = _env()
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  env.pop('IMPALA_TF_QUIET', None)
+  env.update(extra)
+  return env
+
+
+# Our own stderr lines: the absl log lines of impala_tf's modules, and lines
+# that start with the program's name.
+_OUR_LINE_RE = re.compile(
+    r'^([IWE]\d{4} [\d:.]+\s+\d+ (driver|actor|checkpoints|metrics|data|learner)'
+    r'\.py:\d+\] |impala_tf[.:])')
+
+
+def test_quiet_start_prints_only_our_lines(tmp_path):
+  logdir = str(tmp_path / 'run')
+  proc = subprocess.run(
+      _train_cmd(*TINY, f'--logdir={logdir}', '--total_environment_frames=200'),
+      cwd=REPO, env=_quiet_env(), capture_output=True, text=True, timeout=240)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines, 'no metrics lines'
+  assert all(_OUR_LINE_RE.match(l) for l in lines), proc.stderr[-3000:]
+  assert 'cuInit' not in proc.stderr and 'cuda' not in proc.stderr.lower()
+  assert f'{PROG}: done:' in proc.stdout
+
+
+def test_tf_log_level_set_by_the_user_brings_tensorflow_logs_back(tmp_path):
+  missing = str(tmp_path / 'missing')
+  cmd = [sys.executable, '-m', 'impala_tf.export', f'--logdir={missing}']
+  quiet = subprocess.run(cmd, cwd=REPO, env=_quiet_env(), capture_output=True,
+                         text=True, timeout=120)
+  assert quiet.returncode == 2
+  assert quiet.stderr.splitlines() == [
+      f'impala_tf.export: error: --logdir={missing}: no such directory']
+  loud = subprocess.run(cmd, cwd=REPO, env=_quiet_env(TF_CPP_MIN_LOG_LEVEL='0'),
+                        capture_output=True, text=True, timeout=120)
+  assert loud.returncode == 2
+  assert loud.stderr.splitlines()[-1] == quiet.stderr.splitlines()[0]
+  if len(loud.stderr.splitlines()) == 1:
+    pytest.skip('TensorFlow logs nothing at import on this machine')
+  assert any(_NATIVE_LOG_RE.match(l) for l in loud.stderr.splitlines())
+
+
+def test_verbosity_one_brings_tensorflow_logs_back(tmp_path):
+  logdir = str(tmp_path / 'run')
+  proc = subprocess.run(
+      _train_cmd(*TINY, f'--logdir={logdir}', '--total_environment_frames=200',
+                 '--verbosity=1'),
+      cwd=REPO, env=_quiet_env(), capture_output=True, text=True, timeout=240)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f'{PROG}: done:' in proc.stdout
+  # TensorFlow's own Python INFO line, dropped at the default verbosity.
+  assert 'Using MirroredStrategy with devices' in proc.stderr, proc.stderr[-3000:]
+
+
+def test_logdir_that_is_a_file_is_refused_with_one_line(tmp_path):
+  path = tmp_path / 'run'
+  path.write_text('not a directory')
+  result = _run(TINY + [f'--logdir={path}'])
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = _own_stderr_lines(result.stderr)
+  assert lines == [f'{PROG}: error: --logdir={path}: is a file, not a directory; '
+                   'use another --logdir'], result.stderr
+  assert path.read_text() == 'not a directory'
+
+
+def test_hung_async_env_is_restarted(tmp_path):
+  from impala_tf import testing as testing_lib  # pylint: disable=g-import-not-at-top
+  tokens = testing_lib.fault_tokens(str(tmp_path / 'tokens'), 1)
+  logdir = str(tmp_path / 'run')
+  args = [a.replace('--num_envs_per_actor=4', '--num_envs_per_actor=2')
+          for a in TINY if not a.startswith('--env=')] + [
+              f'--env={testing_lib.faulty_id("hang")}', '--env_vectorization=async',
+              '--env_step_timeout_secs=2', '--total_environment_frames=300',
+              f'--logdir={logdir}']
+  start = time.time()
+  proc = subprocess.run(_train_cmd(*args), cwd=REPO, capture_output=True, text=True,
+                        timeout=300,
+                        env=dict(_env(), **{testing_lib.FAULTS_ENV_VAR: tokens}))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert not os.listdir(tokens)  # One env hung once.
+  assert ('(actor 0) did not finish step 3 within 2 s (--env_step_timeout_secs)'
+          in proc.stderr), proc.stderr[-3000:]
+  final = _metrics(logdir)[-1]
+  assert final['actor_restarts'] == 1 and final['env_frames'] >= 300, final
+  assert time.time() - start < 300
 
 
 # --- SIGINT / SIGTERM ---------------------------------------------------------------

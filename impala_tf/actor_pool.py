@@ -1,0 +1,291 @@
+"""The actors of a run behind one small interface: start, read, stop.
+
+The driver sees acting only through an `ActorPool`:
+
+* `start(version, weights)` starts `num_actors` actors acting with those weights;
+* `publish(version, weights)` hands newer weights to the actors (they pick them up
+  at their next unroll boundary);
+* `get_chunk()` is what the tf.data loaders read (through `data.ChunkSource`): the
+  next chunk of `num_envs_per_actor` unrolls, dict of arrays `[B, T + 1, ...]`
+  (see `impala_tf.actor`), or None once the pool is stopping. It reads a bounded
+  `data.LearnerQueue`, so a learner that falls behind blocks the actors;
+* `steps` (agent steps whose unrolls were produced, dead actors included),
+  `restarts` (actors replaced after dying), `error` (set when the pool cannot keep
+  its actors alive; the pool then sets the run's stop event) and the queue's size;
+* finished episodes go to the `episode_sink` given at construction;
+* `stop()` stops and releases everything (call it after the loaders have returned).
+
+Two backends (`Config.actor_backend`):
+
+* `threads` (`ThreadActorPool`): each actor is a thread of this process, its chunks
+  go straight into the learner queue. Cheapest to start; one interpreter (and GIL)
+  for acting, loading and learning.
+* `ray` (`impala_tf.ray_actors.RayActorPool`): each actor is a Ray actor process,
+  on this machine or on a Ray cluster. The driver imports it only when asked for,
+  so Ray stays an optional dependency.
+
+Either way an actor is built by `make_actor` from the Config (same env seeds, same
+network, same sampling), so both backends produce the same unrolls, and a dead actor
+is rebuilt with fresh env seeds and counted in `restarts`; one that dies
+`MAX_RESTARTS` times within `RESTART_WINDOW_SECS` stops the run.
+"""
+
+import abc
+import threading
+import time
+import traceback
+from typing import Callable, Dict, List, Optional, Sequence
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from impala_tf import actor as actor_lib
+from impala_tf import checkpoints
+from impala_tf import config as config_lib
+from impala_tf import data
+from impala_tf import environments
+from impala_tf import networks
+from impala_tf import types
+
+# An actor that dies this many times within RESTART_WINDOW_SECS stops the run.
+MAX_RESTARTS = 5
+RESTART_WINDOW_SECS = 60.0
+
+Arrays = Dict[str, np.ndarray]
+EpisodeSink = Callable[[List[types.EpisodeStats]], None]
+
+
+class ActorPoolError(RuntimeError):
+  """The pool cannot keep its actors alive; the message (one line) says why."""
+
+
+def env_seed(config: config_lib.Config, actor_id: int, restarts: int,
+             resumes: int) -> int:
+  """Seed of env 0 of an actor's vector env (env `i` gets `seed + i`).
+
+  A deterministic function of the run's seed, the actor, its restarts in this
+  process and the run's resume count (checkpointed), so a restarted actor and a
+  resumed run draw fresh env seeds: `seed * 1_000_003 + ((resumes * 100_003 +
+  restarts) * num_actors + actor_id) * num_envs_per_actor`, modulo 2**31.
+  """
+  generation = resumes * 100_003 + restarts
+  return (config.seed * 1_000_003 + (generation * config.num_actors + actor_id) *
+          config.num_envs_per_actor) % (2**31)
+
+
+def actor_rng_seed(config: config_lib.Config, actor_id: int) -> int:
+  """Seed of the checkpointed tf.random.Generator of actor `actor_id`."""
+  return config.seed * 1_000_003 + actor_id
+
+
+def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
+               observation_space, action_space,
+               broadcast: actor_lib.ParameterBroadcast,
+               emit: Optional[Callable[[Arrays], bool]], episode_sink: EpisodeSink,
+               stop_event: threading.Event,
+               rng: Optional[tf.random.Generator] = None,
+               resumes: int = 0) -> actor_lib.Actor:
+  """An Actor with its vector env and network copy, as every backend builds it.
+
+  Args:
+    config: the run's Config.
+    actor_id: in [0, num_actors).
+    restarts: times this actor was rebuilt (a restarted actor gets fresh env seeds).
+    observation_space: the single-env observation space (`environments.env_spaces`).
+    action_space: the single-env Discrete action space.
+    broadcast: where the actor reads its weights from.
+    emit: chunk callback of `Actor.run` (None when the chunks are taken from
+      `Actor.unrolls`).
+    episode_sink: receives finished `types.EpisodeStats`.
+    stop_event: stops the actor.
+    rng: the actor's sampling Generator (default: seeded from `actor_rng_seed`).
+    resumes: times the run was resumed (enters the env seeds).
+
+  Returns:
+    The Actor (its env is open; `close()` it).
+  """
+  seed = env_seed(config, actor_id, restarts, resumes)
+  env = environments.make_vector_env(
+      config.env, config.num_envs_per_actor, seed,
+      vectorization=config.env_vectorization, backend=config.env_backend,
+      **checkpoints.env_kwargs(config))
+  with tf.device('/cpu:0'):
+    net = networks.make_network(config, observation_space, action_space)
+  if rng is None:
+    rng = tf.random.Generator.from_seed(actor_rng_seed(config, actor_id))
+  return actor_lib.Actor(actor_id, env, net, broadcast, config.unroll_length, emit,
+                         episode_sink, seed, stop_event, rng=rng, env_id=config.env,
+                         step_timeout=config.env_step_timeout_secs)
+
+
+class RestartBudget:
+  """Counts an actor's deaths; says when it died too often to restart it again."""
+
+  def __init__(self, max_deaths: int = MAX_RESTARTS,
+               window_secs: float = RESTART_WINDOW_SECS):
+    self._max = max_deaths
+    self._window = window_secs
+    self._deaths: List[float] = []
+
+  def died(self, now: Optional[float] = None) -> bool:
+    """Records a death; returns True when the actor may be restarted."""
+    now = time.time() if now is None else now
+    self._deaths = [d for d in self._deaths if now - d < self._window] + [now]
+    return len(self._deaths) < self._max
+
+  def message(self, actor_id: int, error: BaseException) -> str:
+    return (f'actor {actor_id} died {len(self._deaths)} times in '
+            f'{self._window:.0f} s; last error: {type(error).__name__}: '
+            f'{_one_line(error)}')
+
+
+def _one_line(error: BaseException) -> str:
+  text = ' '.join(str(error).split())
+  return text if len(text) <= 300 else text[:297] + '...'
+
+
+class ActorPool(abc.ABC):
+  """The interface of the module docstring.
+
+  Args:
+    config: the run's Config.
+    observation_space: the single-env observation space.
+    action_space: the single-env action space.
+    episode_sink: receives finished episodes (from any thread).
+    rngs: one checkpointed tf.random.Generator per actor; the pool keeps each one's
+      state current so a checkpoint resumes the sampling streams.
+    stop_event: the run's stop event: the pool stops when it is set, and sets it
+      when it fails (with `error` set first).
+    resumes: times the run was resumed (enters the env seeds).
+  """
+
+  def __init__(self, config: config_lib.Config, observation_space, action_space,
+               episode_sink: EpisodeSink, rngs: Sequence[tf.random.Generator],
+               stop_event: threading.Event, resumes: int = 0):
+    self.config = config
+    self.observation_space = observation_space
+    self.action_space = action_space
+    self.episode_sink = episode_sink
+    self.rngs = list(rngs)
+    self.stop_event = stop_event
+    self.resumes = resumes
+    self.error: Optional[BaseException] = None
+    self.queue = data.LearnerQueue(config.learner_queue_size,
+                                   config.learner_queue_timeout, stop_event)
+
+  def fail(self, error: BaseException):
+    """Records the first fatal error and stops the run."""
+    if self.error is None:
+      self.error = error
+    self.stop_event.set()
+
+  @abc.abstractmethod
+  def start(self, version: int, weights: Sequence[np.ndarray]):
+    """Starts the actors acting with `weights` (policy version `version`)."""
+
+  @abc.abstractmethod
+  def publish(self, version: int, weights: Sequence[np.ndarray]):
+    """Makes `weights` the latest policy; actors take it at an unroll boundary."""
+
+  @abc.abstractmethod
+  def get_chunk(self) -> Optional[Arrays]:
+    """The next chunk for the loaders; None once stopping.
+
+    Raises:
+      data.LearnerQueueTimeout: nothing arrived for learner_queue_timeout seconds.
+    """
+
+  @property
+  @abc.abstractmethod
+  def steps(self) -> int:
+    """Agent steps of all actors so far (summed over envs; dead actors included)."""
+
+  @property
+  @abc.abstractmethod
+  def restarts(self) -> int:
+    """Actors replaced after dying, over the run."""
+
+  @abc.abstractmethod
+  def stop(self):
+    """Stops the actors and releases what the pool holds. Idempotent."""
+
+
+class _ActorThread(threading.Thread):
+  """Runs an Actor; rebuilds it with fresh env seeds when it dies."""
+
+  def __init__(self, pool: 'ThreadActorPool', actor_id: int):
+    super().__init__(name=f'actor-{actor_id}', daemon=True)
+    self.actor_id = actor_id
+    self._pool = pool
+    self.steps_done = 0  # Steps of actors that died, plus the current actor's.
+    self.actor: Optional[actor_lib.Actor] = None
+    self.restarts = 0
+
+  @property
+  def steps(self) -> int:
+    return self.steps_done + (self.actor.steps if self.actor else 0)
+
+  def run(self):
+    pool, stop = self._pool, self._pool.stop_event
+    budget = RestartBudget()
+    while not stop.is_set():
+      try:
+        self.actor = pool.build(self.actor_id, self.restarts)
+        self.actor.run()
+        return
+      except Exception as e:  # pylint: disable=broad-except
+        if stop.is_set():
+          return
+        logging.error('actor %d died (%s: %s); restarting it with a fresh env.\n%s',
+                      self.actor_id, type(e).__name__, e, traceback.format_exc())
+        if not budget.died():
+          pool.fail(ActorPoolError(budget.message(self.actor_id, e)))
+          return
+        self.restarts += 1
+      finally:
+        if self.actor is not None:
+          self.steps_done += self.actor.steps
+          self.actor.steps = 0
+          self.actor.close()
+
+
+class ThreadActorPool(ActorPool):
+  """Actors as threads of this process; see the module docstring."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._broadcast = actor_lib.ParameterBroadcast()
+    self._threads = [_ActorThread(self, i) for i in range(self.config.num_actors)]
+
+  def build(self, actor_id: int, restarts: int) -> actor_lib.Actor:
+    """The Actor of thread `actor_id` (also after a restart)."""
+    return make_actor(self.config, actor_id, restarts, self.observation_space,
+                      self.action_space, self._broadcast, self.queue.put,
+                      self.episode_sink, self.stop_event, rng=self.rngs[actor_id],
+                      resumes=self.resumes)
+
+  def start(self, version, weights):
+    self.publish(version, weights)
+    for t in self._threads:
+      t.start()
+
+  def publish(self, version, weights):
+    self._broadcast.publish(version, weights)
+
+  def get_chunk(self):
+    return self.queue.get()
+
+  @property
+  def steps(self):
+    return sum(t.steps for t in self._threads)
+
+  @property
+  def restarts(self):
+    return sum(t.restarts for t in self._threads)
+
+  def stop(self):
+    self.stop_event.set()
+    for t in self._threads:
+      if t.is_alive():
+        t.join(timeout=30)

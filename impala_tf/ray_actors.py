@@ -1,0 +1,454 @@
+"""Actors as Ray actor processes: the `ray` backend of `impala_tf.actor_pool`.
+
+```
+driver process                                      Ray actor process (one per actor)
+  publish(version, weights)                           ImpalaActor: vector env, network
+    -> ray.put once per version actually sent         copy, impala_tf.actor.Actor
+  feeder thread: keeps 2 `unroll` requests in   --->  unroll(version, [weights_ref]):
+    flight per actor; when one answers, puts            fetches the weights if the
+    the chunk's ObjectRef into the bounded              version is new, returns one
+    LearnerQueue (blocking: back-pressure),      <---   chunk [B, T + 1, ...] and a
+    counts its steps and episodes, asks again           small info dict
+  tf.data loaders: get_chunk() = ray.get(next ref)
+```
+
+The actor steps its envs only while it answers a request, so it produces exactly the
+chunks a thread actor produces (same `Actor.unrolls` code, same seeds, same sampling
+stream: the actor's checkpointed tf.random.Generator state travels with every
+answer). At most `REQUESTS_IN_FLIGHT` chunks per actor exist beyond the learner
+queue, so the queue's bound holds as with threads.
+
+A Ray actor that dies (env error, process killed, node lost) is replaced by a new one
+with fresh env seeds and counted in `restarts`; one that dies `MAX_RESTARTS` times a
+minute, or a replacement no node of the cluster can host (its `--ray_actor_resources`
+left with a removed node), stops the run with a one-line error.
+
+`RaySession` connects the run to Ray: `ray_address=''` starts a local instance that
+listens on the loopback interface only, starts no dashboard, and is shut down by
+`stop()`; `'auto'` or an address joins a running cluster and leaves it running; a
+Ray already initialised in this process (library use, tests) is used as it is.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from typing import Dict, List, Optional
+
+from impala_tf import quiet
+
+# A Ray actor process imports this module first: as quiet as the run that started it.
+quiet.quiet_if_parent_was()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from impala_tf import actor as actor_lib
+from impala_tf import actor_pool
+from impala_tf import config as config_lib
+from impala_tf import types
+
+# Unroll requests each actor has queued: one being computed while the driver takes
+# the previous answer.
+REQUESTS_IN_FLIGHT = 2
+# Seconds between checks that a pending replacement actor can still be placed.
+_PLACEMENT_CHECK_SECS = 1.0
+# Ray reads this at import to choose the node address; '0' makes it the loopback one.
+_LOOPBACK_ENV = 'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'
+
+
+def _ray():
+  """Imports ray, with a clear error when the extra is not installed."""
+  try:
+    import ray  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise actor_pool.ActorPoolError(
+        "--actor_backend=ray needs Ray: pip install -e '.[ray]' (or pip install "
+        "'ray>=2.60,<3')") from None
+  return ray
+
+
+class RaySession:
+  """The run's connection to Ray; see the module docstring.
+
+  Args:
+    address: Config.ray_address.
+    num_cpus: CPUs of a local instance (default: this machine's).
+
+  Attributes:
+    started: True when this session started the Ray instance (and stops it).
+  """
+
+  def __init__(self, address: str, num_cpus: Optional[int] = None):
+    ray = _ray()
+    self.started = False
+    self._connected = False
+    if ray.is_initialized():
+      return
+    handlers = _save_signal_handlers()
+    try:
+      if address:
+        ray.init(address=address, log_to_driver=True)
+      else:
+        _start_local(ray, num_cpus)
+        self.started = True
+      self._connected = True
+    finally:
+      # ray.init replaces the SIGTERM handler with sys.exit; the run keeps its own
+      # (a clean stop with a final checkpoint).
+      _restore_signal_handlers(handlers)
+
+  def close(self):
+    """Shuts down a Ray this session started; disconnects from a joined one."""
+    if self._connected:
+      self._connected = False
+      _ray().shutdown()
+
+
+def _save_signal_handlers():
+  if threading.current_thread() is not threading.main_thread():
+    return None
+  return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_signal_handlers(handlers):
+  for s, h in (handlers or {}).items():
+    if h is not None:
+      signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def loopback_only():
+  """Within it, a Ray instance started in this process binds 127.0.0.1 only.
+
+  Ray advertises (and its servers bind) the loopback address when it believes it
+  runs a single-machine instance (its Windows/macOS default); we ask for that for
+  the processes started inside the block, then restore the setting.
+  """
+  from ray._private import ray_constants  # pylint: disable=g-import-not-at-top
+  env = {_LOOPBACK_ENV: '0', 'TF_CPP_MIN_LOG_LEVEL':
+         os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2')}
+  saved_env = {k: os.environ.get(k) for k in env}
+  saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+  os.environ.update(env)
+  ray_constants.ENABLE_RAY_CLUSTER = False
+  try:
+    yield
+  finally:
+    ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+    for k, v in saved_env.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+
+
+def _start_local(ray, num_cpus: Optional[int] = None):
+  """Starts a local Ray bound to 127.0.0.1, without dashboard, sized to the machine."""
+  with loopback_only():
+    ray.init(address='local', num_cpus=num_cpus, include_dashboard=False,
+             log_to_driver=True)
+
+
+class ImpalaActor:
+  """The body of one Ray actor process: an impala_tf Actor, one unroll per call.
+
+  Args:
+    config_dict: the run's `Config.to_dict()`.
+    actor_id: in [0, num_actors).
+    restarts: times this actor was replaced (fresh env seeds).
+    observation_space: the single-env observation space.
+    action_space: the single-env action space.
+    rng_state: int64 state of the actor's sampling tf.random.Generator.
+    rng_alg: its algorithm.
+    num_threads: TensorFlow intra/inter-op threads (the CPUs it reserved, >= 1).
+    resumes: times the run was resumed (enters the env seeds).
+  """
+
+  def __init__(self, config_dict: dict, actor_id: int, restarts: int,
+               observation_space, action_space, rng_state: np.ndarray, rng_alg,
+               num_threads: int, resumes: int = 0):
+    tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+    if not os.environ.get('CUDA_VISIBLE_DEVICES'):
+      tf.config.set_visible_devices([], 'GPU')  # Never take the learner's GPUs.
+    config = config_lib.Config.from_dict(config_dict)
+    self._broadcast = actor_lib.ParameterBroadcast()
+    self._episodes: List[types.EpisodeStats] = []
+    self._rng = tf.random.Generator.from_state(rng_state, rng_alg)
+    self._actor = actor_pool.make_actor(
+        config, actor_id, restarts, observation_space, action_space,
+        self._broadcast, None, self._episodes.extend, threading.Event(),
+        rng=self._rng, resumes=resumes)
+    self._unrolls = self._actor.unrolls()
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def unroll(self, version: int, weights_ref: list):
+    """Acts one unroll with the weights of `version`.
+
+    Args:
+      version: the policy version (learner step) of `weights_ref[0]`.
+      weights_ref: a one-element list holding the ObjectRef of the weights (a list,
+        so Ray passes the reference and the weights are fetched only when new).
+
+    Returns:
+      (chunk, info): the chunk (dict of arrays `[B, T + 1, ...]`); info is a dict
+      with `steps` (int, agent steps taken), `episodes` (list of (return, length))
+      and `rng_state` (the sampling generator's state after this unroll).
+    """
+    if version != self._broadcast.version:
+      import ray  # pylint: disable=g-import-not-at-top
+      self._broadcast.publish(version, ray.get(weights_ref[0]))
+    steps = self._actor.steps
+    try:
+      chunk = next(self._unrolls)
+    except BaseException:
+      self._actor.close()  # The driver replaces this actor; free its env first.
+      raise
+    info = {'steps': self._actor.steps - steps,
+            'episodes': [tuple(e) for e in self._episodes],
+            'rng_state': self._rng.state.numpy()}
+    self._episodes.clear()
+    return chunk, info
+
+
+class _Slot:
+  """One actor position: the current Ray actor and its requests in flight."""
+
+  def __init__(self, actor_id: int):
+    self.actor_id = actor_id
+    self.restarts = 0
+    self.handle = None
+    self.pending: List[tuple] = []  # (info_ref, chunk_ref), oldest first.
+    self.answered = False  # The current Ray actor has answered once.
+    self.budget = actor_pool.RestartBudget()
+
+
+class RayActorPool(actor_pool.ActorPool):
+  """Actors as Ray actor processes; see the module docstring."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._resources = self.config.ray_actor_resources_dict
+    self._lock = threading.Lock()
+    self._version = -1
+    self._weights = None
+    self._weights_ref = None
+    self._ref_version = None
+    self.num_weight_puts = 0
+    self._slots: List[_Slot] = []
+    self._steps = 0
+    self._restarts = 0
+    self._session: Optional[RaySession] = None
+    self._feeder: Optional[threading.Thread] = None
+    self._remote_class = None
+    self._last_placement_check = 0.0
+
+  # --- The interface ---------------------------------------------------------
+
+  def start(self, version, weights):
+    self.publish(version, weights)
+    self._session = RaySession(self.config.ray_address)
+    ray = _ray()
+    self._remote_class = ray.remote(ImpalaActor)
+    self._check_capacity(ray)
+    for i in range(self.config.num_actors):
+      slot = _Slot(i)
+      self._slots.append(slot)
+      self._spawn(slot)
+    self._feeder = threading.Thread(target=self._feed, name='ray-feeder', daemon=True)
+    self._feeder.start()
+
+  def publish(self, version, weights):
+    with self._lock:
+      self._version = int(version)
+      self._weights = list(weights)
+
+  def get_chunk(self):
+    ray = _ray()
+    while True:
+      ref = self.queue.get()
+      if ref is None:
+        return None
+      try:
+        return ray.get(ref, timeout=self.config.learner_queue_timeout)
+      except ray.exceptions.RayError as e:
+        # Its actor answered, so its steps are counted; only the object is gone
+        # (stored on a node that was lost). consumed <= env frames still holds.
+        logging.warning('an unroll was lost before the learner read it (%s: %s); '
+                        'skipping it', type(e).__name__, e)
+
+  @property
+  def steps(self):
+    return self._steps
+
+  @property
+  def restarts(self):
+    return self._restarts
+
+  def actor_pids(self) -> Dict[int, int]:
+    """actor_id -> process id of its current Ray actor (for tests and tools)."""
+    ray = _ray()
+    return {s.actor_id: ray.get(s.handle.pid.remote(), timeout=60)
+            for s in self._slots}
+
+  def stop(self):
+    self.stop_event.set()
+    if self._feeder is not None and self._feeder.is_alive():
+      self._feeder.join(timeout=30)
+    if self._session is None:
+      return
+    ray = _ray()
+    for slot in self._slots:
+      slot.pending.clear()
+      if slot.handle is not None:
+        try:
+          ray.kill(slot.handle, no_restart=True)
+        except Exception:  # pylint: disable=broad-except
+          pass
+    self._session.close()
+    self._session = None
+
+  # --- Actors ----------------------------------------------------------------
+
+  def _options(self) -> dict:
+    res = dict(self._resources)
+    opts = dict(num_cpus=res.pop('CPU', 0.0), num_gpus=res.pop('GPU', 0.0),
+                max_restarts=0)
+    if 'memory' in res:
+      opts['memory'] = res.pop('memory')
+    if res:
+      opts['resources'] = res
+    return opts
+
+  def _spawn(self, slot: _Slot):
+    rng = self.rngs[slot.actor_id]
+    threads = max(1, int(self._resources.get('CPU', 1)))
+    slot.handle = self._remote_class.options(**self._options()).remote(
+        self.config.to_dict(), slot.actor_id, slot.restarts, self.observation_space,
+        self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes)
+    slot.answered = False
+    slot.pending = []
+    for _ in range(REQUESTS_IN_FLIGHT):
+      self._request(slot)
+
+  def _request(self, slot: _Slot):
+    """Queues one unroll request on the slot's actor, with the latest weights."""
+    ray = _ray()
+    with self._lock:
+      if self._ref_version != self._version:
+        self._weights_ref = ray.put(self._weights)  # Once per version sent.
+        self._ref_version = self._version
+        self.num_weight_puts += 1
+      version, ref = self._version, self._weights_ref
+    chunk_ref, info_ref = slot.handle.unroll.options(num_returns=2).remote(
+        version, [ref])
+    slot.pending.append((info_ref, chunk_ref))
+
+  def _feed(self):
+    """The feeder thread: answers in, chunk references to the queue, requests out."""
+    ray = _ray()
+    try:
+      while not self.stop_event.is_set():
+        owner = {p[0]: s for s in self._slots for p in s.pending}
+        ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.2)
+        if not ready:
+          self._check_placement(ray)
+          continue
+        slot = owner[ready[0]]
+        info_ref, chunk_ref = slot.pending.pop(0)  # An actor answers in order.
+        try:
+          info = ray.get(info_ref)
+        except ray.exceptions.RayError as e:
+          self._replace(slot, e, ray)
+          continue
+        slot.answered = True
+        if not self.queue.put(chunk_ref):
+          return  # Stopping: this unroll is neither delivered nor counted.
+        self._account(slot, info)
+        self._request(slot)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.exception('the Ray actor feeder failed')
+      self.fail(actor_pool.ActorPoolError(
+          f'the Ray actor pool failed: {type(e).__name__}: '
+          f'{actor_pool._one_line(e)}'))  # pylint: disable=protected-access
+
+  def _account(self, slot: _Slot, info: dict):
+    with self._lock:
+      self._steps += int(info['steps'])
+    self.rngs[slot.actor_id].reset(info['rng_state'])
+    if info['episodes']:
+      self.episode_sink([types.EpisodeStats(float(r), int(n))
+                         for r, n in info['episodes']])
+
+  def _replace(self, slot: _Slot, error: BaseException, ray):
+    """Replaces the slot's dead actor, or stops the run when it cannot."""
+    if self.stop_event.is_set():
+      return
+    logging.error('Ray actor %d died (%s: %s); replacing it with a fresh env.',
+                  slot.actor_id, type(error).__name__, error)
+    try:
+      ray.kill(slot.handle, no_restart=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
+    slot.pending = []
+    if not slot.budget.died():
+      self.fail(actor_pool.ActorPoolError(slot.budget.message(slot.actor_id, error)))
+      return
+    if not self._placeable(ray):
+      self.fail(actor_pool.ActorPoolError(self._unplaceable_message(slot, error)))
+      return
+    slot.restarts += 1
+    with self._lock:
+      self._restarts += 1
+    self._spawn(slot)
+
+  # --- Placement -------------------------------------------------------------
+
+  def _demand(self) -> Dict[str, float]:
+    """Ray resource name -> amount one actor reserves (zeros left out)."""
+    return {k: v for k, v in self._resources.items() if v > 0}
+
+  def _placeable(self, ray) -> bool:
+    """Whether some alive node has, in total, the resources of one actor."""
+    need = self._demand()
+    for node in ray.nodes():
+      have = node.get('Resources', {})
+      if node.get('Alive') and all(have.get(k, 0.0) >= v for k, v in need.items()):
+        return True
+    return False
+
+  def _unplaceable_message(self, slot: _Slot, error: BaseException) -> str:
+    return (f'Ray actor {slot.actor_id} died ({type(error).__name__}) and no node '
+            f'left in the Ray cluster has its resources --ray_actor_resources='
+            f'{self.config.ray_actor_resources}; add such a node or change '
+            '--ray_actor_resources')
+
+  def _check_placement(self, ray):
+    """Stops the run when a replacement that never answered cannot be placed."""
+    now = time.time()
+    if now - self._last_placement_check < _PLACEMENT_CHECK_SECS:
+      return
+    self._last_placement_check = now
+    waiting = [s for s in self._slots if s.restarts and not s.answered]
+    if waiting and not self._placeable(ray):
+      self.fail(actor_pool.ActorPoolError(self._unplaceable_message(
+          waiting[0], RuntimeError('node lost'))))
+
+  def _check_capacity(self, ray):
+    """Refuses to start when the cluster cannot hold num_actors actors at once."""
+    total = ray.cluster_resources()
+    n = self.config.num_actors
+    for name, amount in self._demand().items():
+      if amount * n > total.get(name, 0.0) + 1e-9:
+        raise actor_pool.ActorPoolError(
+            f'--num_actors={n} actors with --ray_actor_resources='
+            f'{json.dumps(self._resources)} need {name}={amount * n:g}, but the Ray '
+            f'cluster has {name}={total.get(name, 0.0):g}; lower --num_actors or '
+            'the resources per actor, or add nodes')

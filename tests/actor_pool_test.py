@@ -1,0 +1,127 @@
+"""Tests of impala_tf.actor_pool: the pool interface and its thread backend.
+
+The Ray backend has its own tests (tests/ray_actors_test.py).
+"""
+
+import sys
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from impala_tf import actor_pool
+from impala_tf import environments
+from impala_tf import networks
+from impala_tf import testing
+
+CRASH_ID = 'ImpalaPoolCrash-v0'
+
+
+class _CrashEnv(testing.ChainEnv):
+  """The chain env, whose step raises after 3 steps."""
+
+  def step(self, action):
+    if self._t >= 3:
+      raise RuntimeError('emulator crashed')
+    return super().step(action)
+
+
+if CRASH_ID not in gym.registry:
+  gym.register(CRASH_ID, entry_point=_CrashEnv)
+
+
+def _pool(**overrides):
+  config = testing.tiny_config(**dict(dict(num_actors=2), **overrides))
+  obs_space, action_space = environments.env_spaces(testing.CHAIN_ID)
+  episodes = []
+  stop = threading.Event()
+  rngs = [tf.random.Generator.from_seed(actor_pool.actor_rng_seed(config, i))
+          for i in range(config.num_actors)]
+  pool = actor_pool.ThreadActorPool(config, obs_space, action_space, episodes.extend,
+                                    rngs, stop)
+  net = networks.make_network(config, obs_space, action_space)
+  return pool, config, episodes, stop, [v.numpy() for v in net.variables]
+
+
+def test_thread_pool_chunks_steps_episodes_and_stop():
+  pool, config, episodes, stop, weights = _pool()
+  pool.start(3, weights)
+  # Under load one actor can fill the queue before the other has started: read
+  # until both have delivered (bounded, so a dead actor fails the test).
+  chunks = []
+  while len(chunks) < 8 or len({c['unroll_id'][0] >> 40 for c in chunks}) < 2:
+    assert len(chunks) < 400, 'actor 1 or 0 never delivered an unroll'
+    chunks.append(pool.get_chunk())
+  b, t = config.num_envs_per_actor, config.unroll_length
+  for actor_id in (0, 1):
+    ids = np.concatenate([c['unroll_id'] for c in chunks
+                          if c['unroll_id'][0] >> 40 == actor_id])
+    # Each actor's unrolls arrive in order, none skipped or repeated.
+    np.testing.assert_array_equal(ids, actor_id * 2**40 + np.arange(len(ids)))
+  assert all((c['policy_version'] == 3).all() for c in chunks)
+  assert pool.steps >= len(chunks) * b * t
+  assert episodes and {e.episode_return for e in episodes} == {8.0}
+  assert pool.queue.maxsize == config.learner_queue_size
+  pool.publish(4, weights)
+  assert any((pool.get_chunk()['policy_version'] == 4).all() for _ in range(12))
+  pool.stop()
+  assert stop.is_set() and pool.get_chunk() is None
+  steps = pool.steps
+  assert pool.steps == steps  # Stopped: nothing steps any more.
+  assert pool.restarts == 0 and pool.error is None
+
+
+def test_thread_pool_restarts_a_dying_actor_then_fails_in_one_line():
+  pool, _, _, stop, weights = _pool(env=CRASH_ID, num_actors=1)
+  pool.start(0, weights)
+  assert stop.wait(timeout=60)  # The pool stops the run ...
+  pool.stop()
+  assert isinstance(pool.error, actor_pool.ActorPoolError)
+  message = str(pool.error)
+  # ... after MAX_RESTARTS deaths in a minute, saying so in one line.
+  assert pool.restarts == actor_pool.MAX_RESTARTS - 1
+  assert message.startswith(f'actor 0 died {actor_pool.MAX_RESTARTS} times in 60 s')
+  assert 'emulator crashed' in message and '\n' not in message
+
+
+def test_restart_budget_counts_deaths_in_the_window():
+  budget = actor_pool.RestartBudget(max_deaths=3, window_secs=10.0)
+  assert budget.died(now=0.0) and budget.died(now=1.0)
+  assert not budget.died(now=2.0)  # The third death within 10 s.
+  budget = actor_pool.RestartBudget(max_deaths=3, window_secs=10.0)
+  assert budget.died(now=0.0) and budget.died(now=1.0)
+  assert budget.died(now=11.5)  # The first death left the window.
+
+
+def test_actor_seeds_are_distinct_and_fresh_after_a_restart():
+  config = testing.tiny_config(num_actors=3, num_envs_per_actor=4, seed=7)
+  seeds = {(a, r): actor_pool.env_seed(config, a, r, 0)
+           for a in range(3) for r in range(3)}
+  # Env i of an actor uses seed + i: the ranges of all (actor, restart) are disjoint.
+  envs = [s + i for s in seeds.values() for i in range(4)]
+  assert len(set(envs)) == len(envs)
+  assert seeds[(1, 0)] == 7 * 1_000_003 + 4
+  # A resumed run draws seeds no earlier run of the same config used.
+  assert actor_pool.env_seed(config, 1, 0, 1) not in seeds.values()
+  assert actor_pool.actor_rng_seed(config, 2) == 7 * 1_000_003 + 2
+
+
+def test_make_actor_builds_the_configured_actor():
+  config = testing.tiny_config(num_envs_per_actor=3, unroll_length=4)
+  obs_space, action_space = environments.env_spaces(config.env)
+  from impala_tf import actor as actor_lib  # pylint: disable=g-import-not-at-top
+  broadcast = actor_lib.ParameterBroadcast()
+  act = actor_pool.make_actor(config, 1, 0, obs_space, action_space, broadcast,
+                              None, lambda e: None, threading.Event())
+  try:
+    chunk = next(act.unrolls())
+  finally:
+    act.close()
+  assert chunk['observation'].shape == (3, 5, 3)
+  np.testing.assert_array_equal(chunk['unroll_id'], 2**40 + np.arange(3))
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

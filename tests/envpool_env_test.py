@@ -1,0 +1,294 @@
+"""Tests for impala_tf.envpool_env: the EnvPool backend agrees with gymnasium's.
+
+The cross-backend tests use BreakoutNoFrameskip-v4 with `noop_max=1`: no sticky
+actions and exactly one no-op frame after each reset make both backends
+deterministic given the actions, so a scripted (seeded random) action sequence
+gives the same emulator trajectory on both, although EnvPool and ale-py seed the
+ALE differently. Breakout has lives, so episodic life is exercised.
+
+EnvPool is in the `test` extra; without it these tests are skipped (except the
+ones that check the error a user gets without it).
+"""
+
+import importlib.util
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from impala_tf import envpool_env
+from impala_tf import environments
+from impala_tf.config import ConfigError
+
+_HAS_ATARI = (importlib.util.find_spec('ale_py') is not None and
+              importlib.util.find_spec('cv2') is not None)
+needs_envpool = pytest.mark.skipif(
+    not (_HAS_ATARI and envpool_env.available()),
+    reason='EnvPool tests need envpool, ale-py and opencv: '
+    'pip install -e ".[atari]" (or ".[test]")')
+needs_atari = pytest.mark.skipif(
+    not _HAS_ATARI, reason="Atari tests need ale-py and opencv: pip install -e '.[atari]'")
+
+GAME = 'BreakoutNoFrameskip-v4'
+
+
+def _both(num_envs=2, **kwargs):
+  """(gymnasium vector env, EnvPool vector env), same flags, reset with seed 0."""
+  kwargs.setdefault('noop_max', 1)
+  gym_env = environments.make_vector_env(GAME, num_envs, 0, vectorization='sync',
+                                         backend='gymnasium', **kwargs)
+  pool_env = environments.make_vector_env(GAME, num_envs, 0, backend='envpool',
+                                          **kwargs)
+  assert isinstance(pool_env, envpool_env.EnvPoolVectorEnv)
+  return gym_env, pool_env
+
+
+# --- choosing the backend -------------------------------------------------------
+
+
+def test_gymnasium_backend_needs_nothing():
+  assert envpool_env.resolve_backend('gymnasium', 'ALE/Pong-v5') == 'gymnasium'
+
+
+def test_envpool_missing_is_a_one_line_error_naming_the_install(monkeypatch):
+  monkeypatch.setattr(envpool_env, 'available', lambda: False)
+  with pytest.raises(ConfigError, match='env_backend') as e:
+    envpool_env.resolve_backend('envpool', 'ALE/Pong-v5')
+  message = str(e.value)
+  assert '\n' not in message
+  assert 'pip install -e ".[atari]"' in message and 'pip install envpool' in message
+  assert envpool_env.resolve_backend('auto', 'ALE/Pong-v5') == 'gymnasium'
+
+
+def test_auto_uses_gymnasium_for_classic_envs():
+  assert envpool_env.resolve_backend('auto', 'CartPole-v1') == 'gymnasium'
+  env = environments.make_vector_env('CartPole-v1', 2, 0, backend='auto')
+  assert not isinstance(env, envpool_env.EnvPoolVectorEnv)
+  env.close()
+
+
+@needs_envpool
+def test_envpool_rejects_classic_envs_and_zero_noops():
+  with pytest.raises(ConfigError, match='no Atari game'):
+    envpool_env.resolve_backend('envpool', 'CartPole-v1')
+  with pytest.raises(ConfigError, match='noop_max=0'):
+    envpool_env.resolve_backend('envpool', 'ALE/Pong-v5', noop_max=0)
+  # 'auto' falls back to gymnasium where EnvPool cannot carry the flags.
+  assert envpool_env.resolve_backend('auto', 'ALE/Pong-v5', noop_max=0) == 'gymnasium'
+  env = environments.make_vector_env('ALE/Pong-v5', 1, 0, backend='auto', noop_max=0)
+  assert isinstance(env, gym.vector.SyncVectorEnv)
+  env.close()
+
+
+@needs_envpool
+def test_auto_uses_envpool_for_atari():
+  assert envpool_env.resolve_backend('auto', 'ALE/Pong-v5') == 'envpool'
+  env = environments.make_vector_env('ALE/Pong-v5', 2, 0, backend='auto')
+  assert isinstance(env, envpool_env.EnvPoolVectorEnv)
+  assert env.metadata['autoreset_mode'] == gym.vector.AutoresetMode.NEXT_STEP
+  env.close()
+
+
+@needs_envpool
+def test_task_ids():
+  assert envpool_env.task_id('ALE/Pong-v5') == 'Pong-v5'
+  assert envpool_env.task_id('PongNoFrameskip-v4') == 'Pong-v5'
+  assert envpool_env.task_id('ALE/MontezumaRevenge-v5') == 'MontezumaRevenge-v5'
+  assert envpool_env.task_id('CartPole-v1') is None
+
+
+@needs_envpool
+def test_options_carry_our_flags():
+  v5 = envpool_env.make_kwargs('ALE/Pong-v5', noop_max=30, max_episode_frames=108_000)
+  assert v5['repeat_action_probability'] == 0.25  # Sticky, as the id implies.
+  assert v5['reward_clip'] is False and v5['use_fire_reset'] is False
+  assert v5['episodic_life'] is False  # Done by the adapter.
+  assert v5['noop_max'] == 30 and v5['frame_skip'] == 4
+  assert v5['max_episode_steps'] == 27_000
+  assert (v5['img_height'], v5['img_width'], v5['gray_scale']) == (84, 84, True)
+  v4 = envpool_env.make_kwargs('PongNoFrameskip-v4')
+  assert v4['repeat_action_probability'] == 0.0
+  forced = envpool_env.make_kwargs('ALE/Pong-v5', repeat_action_probability=0.1)
+  assert forced['repeat_action_probability'] == 0.1
+  env = envpool_env.make_vector_env('ALE/Pong-v5', 1, 0)
+  try:  # EnvPool's own default is 0.0: the pool really got 0.25.
+    assert env._pool.spec.config.repeat_action_probability == pytest.approx(0.25)  # pylint: disable=protected-access
+  finally:
+    env.close()
+
+
+# --- the two backends agree ---------------------------------------------------------
+
+
+@needs_envpool
+@pytest.mark.parametrize('use_lstm', [False, True], ids=['stack4', 'lstm'])
+def test_spaces_and_dtypes_agree(use_lstm):
+  gym_env, pool_env = _both(use_lstm=use_lstm)
+  try:
+    assert pool_env.single_observation_space == gym_env.single_observation_space
+    assert pool_env.single_action_space == gym_env.single_action_space
+    assert pool_env.observation_space == gym_env.observation_space
+    obs_g, _ = environments.reset(gym_env, 0)
+    obs_p, _ = environments.reset(pool_env, 0)
+    assert obs_p.dtype == obs_g.dtype == np.uint8
+    assert obs_p.shape == obs_g.shape == (2, 84, 84, 1 if use_lstm else 4)
+    np.testing.assert_array_equal(obs_p, obs_g)
+    _, r_g, te_g, tr_g, _ = gym_env.step(np.array([1, 1], np.int32))
+    _, r_p, te_p, tr_p, _ = pool_env.step(np.array([1, 1], np.int32))
+    assert r_p.dtype == np.float32 and te_p.dtype == tr_p.dtype == bool
+    assert r_p.shape == te_p.shape == tr_p.shape == r_g.shape == (2,)
+  finally:
+    gym_env.close()
+    pool_env.close()
+
+
+def _game_returns(rewards, stepped, over):
+  """Per-game returns (the actor's EpisodeTracker rule) from per-step arrays."""
+  returns, running = [], np.zeros(rewards.shape[1])
+  for r, s, o in zip(rewards, stepped, over):
+    running += np.where(s, r, 0.0)
+    for i in np.flatnonzero(o):
+      returns.append((i, running[i]))
+      running[i] = 0.0
+  return returns
+
+
+@needs_envpool
+@pytest.mark.parametrize('episodic_life', [False, True], ids=['games', 'lives'])
+def test_scripted_actions_give_the_same_steps(episodic_life):
+  # 602 frames: truncated at agent step 151 (1 no-op frame + 150 * 4 + 1).
+  steps = 450
+  gym_env, pool_env = _both(episodic_life=episodic_life, max_episode_frames=602)
+  rng = np.random.default_rng(1)
+  record = {'gym': [], 'pool': []}
+  elapsed = []  # EnvPool's agent steps since the game started.
+  try:
+    environments.reset(gym_env, 0)
+    environments.reset(pool_env, 0)
+    for t in range(steps):
+      action = rng.integers(0, 4, 2).astype(np.int32)
+      outs = {'gym': gym_env.step(action), 'pool': pool_env.step(action)}
+      for name, (obs, reward, terminated, truncated, infos) in outs.items():
+        over = environments.game_over(terminated, truncated, infos)
+        record[name].append((obs, np.asarray(reward, np.float64), terminated,
+                             truncated, over))
+      elapsed.append(outs['pool'][4]['elapsed_step'])
+      (obs_g, r_g, te_g, tr_g, over_g), (obs_p, r_p, te_p, tr_p, over_p) = (
+          record['gym'][-1], record['pool'][-1])
+      np.testing.assert_array_equal(r_p, r_g, err_msg=f'step {t}')
+      np.testing.assert_array_equal(te_p, te_g, err_msg=f'step {t}')
+      np.testing.assert_array_equal(tr_p, tr_g, err_msg=f'step {t}')
+      np.testing.assert_array_equal(over_p, over_g, err_msg=f'step {t}')
+      # Frames agree except the last of an episode: at a game over or the time
+      # limit the ALE stops inside the 4-frame step, and the backends max-pool
+      # different leftover frames there (the learner gives that frame no weight
+      # beyond the bootstrap of a truncation).
+      live = ~(te_g | tr_g) | (te_g & ~over_g)
+      np.testing.assert_array_equal(obs_p[live], obs_g[live], err_msg=f'step {t}')
+  finally:
+    gym_env.close()
+    pool_env.close()
+  te = np.array([x[2] for x in record['gym']])
+  tr = np.array([x[3] for x in record['gym']])
+  over = np.array([x[4] for x in record['gym']])
+  assert tr.any()  # The time limit was reached, at agent step 151 of a game ...
+  np.testing.assert_array_equal(np.array(elapsed)[tr], 151)
+  assert (te & ~over).any() == episodic_life  # ... and lives were lost.
+  assert over.sum() >= 3
+  ended = te | tr
+  stepped = np.concatenate([np.ones((1, 2), bool), ~ended[:-1]])
+  game_returns = {
+      name: _game_returns(np.array([x[1] for x in rec]), stepped,
+                          np.array([x[4] for x in rec]))
+      for name, rec in record.items()}
+  assert game_returns['pool'] == game_returns['gym']
+  assert any(r > 0 for _, r in game_returns['gym'])
+
+
+@needs_envpool
+def test_episodic_life_restarts_the_stack_and_drops_the_noop_reward():
+  _, env = _both(num_envs=1, episodic_life=True)
+  try:
+    env.reset(seed=0)
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+      obs, reward, terminated, truncated, infos = env.step(
+          rng.integers(0, 4, 1).astype(np.int32))
+      if terminated[0] and not infos['game_over'][0]:
+        break
+    assert terminated[0] and not truncated[0]  # A life was lost, not the game.
+    lives = infos['lives'][0]
+    obs, reward, terminated, truncated, infos = env.step(np.array([1], np.int32))
+    # The no-op step starts the next episode: the stack holds its frame 4 times.
+    for c in range(3):
+      np.testing.assert_array_equal(obs[0, ..., c], obs[0, ..., 3])
+    assert reward[0] == 0 and not terminated[0] and not truncated[0]
+    assert infos['lives'][0] == lives and not infos['game_over'][0]
+  finally:
+    env.close()
+
+
+@needs_envpool
+def test_seeded_reset_reproduces_and_seeds_differ():
+  env = envpool_env.make_vector_env('ALE/Pong-v5', 2, 7)  # noop_max=30, sticky.
+
+  def rollout(seed):
+    first, _ = env.reset(seed=seed)
+    obs = [first]
+    for _ in range(40):
+      obs.append(env.step(np.full(2, 2, np.int32))[0])
+    return np.stack(obs)
+
+  try:
+    a = rollout(7)
+    b = rollout(7)
+    c = rollout(8)
+  finally:
+    env.close()
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+
+
+@needs_envpool
+def test_next_step_autoreset_after_game_over():
+  env = envpool_env.make_vector_env(GAME, 1, 0, noop_max=1, max_episode_frames=42)
+  try:
+    env.reset(seed=0)
+    for t in range(20):
+      _, _, terminated, truncated, infos = env.step(np.array([3], np.int32))
+      if truncated[0]:
+        break
+    assert truncated[0] and not terminated[0] and t + 1 == 11
+    obs, reward, terminated, truncated, infos = env.step(np.array([3], np.int32))
+    assert reward[0] == 0 and not terminated[0] and not truncated[0]
+    assert infos['elapsed_step'][0] == 0  # A new game.
+    for c in range(3):
+      np.testing.assert_array_equal(obs[0, ..., c], obs[0, ..., 3])
+  finally:
+    env.close()
+
+
+@needs_envpool
+def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path):
+  # pylint: disable=g-import-not-at-top
+  from impala_tf import driver
+  from impala_tf import evaluate
+  from impala_tf import testing
+  logdir = str(tmp_path / 'run')
+  driver.train(testing.tiny_config(
+      logdir=logdir, env='PongNoFrameskip-v4', env_backend='envpool',
+      network='shallow', noop_max=1, max_episode_frames=200, num_envs_per_actor=2,
+      batch_size=2, unroll_length=5, total_environment_frames=80))
+  results = {
+      backend: evaluate.evaluate(logdir, num_episodes=2, greedy=True, seed=3,
+                                 env_backend=backend)
+      for backend in ('gymnasium', 'envpool')}
+  # Deterministic game, greedy policy, identical observations: identical games.
+  assert results['envpool']['episode_lengths'] == [50, 50]  # 200 frames / 4.
+  for key in ('episode_returns', 'episode_lengths'):
+    assert results['envpool'][key] == results['gymnasium'][key]
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

@@ -1,0 +1,141 @@
+"""Tests of impala_tf.quiet: which lines and records it drops, when it stays out of
+the way (the user's TF_CPP_MIN_LOG_LEVEL, `--verbosity=1`, a plain import of an
+entry point's module), and reading --verbosity from a command line."""
+
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from impala_tf import quiet
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize('argv,verbosity', [
+    (['prog'], 0),
+    (['prog', '--verbosity=1'], 1),
+    (['prog', '-v', '2'], 2),
+    (['prog', '--v=3'], 3),
+    (['prog', '-verbosity', '1'], 1),
+    (['prog', '-v=1', '--logdir=x', '--verbosity=0'], 0),  # The last one counts.
+    (['prog', '--verbosity=-1'], -1),
+    (['prog', '--verbosity=loud'], 0),  # absl reports it when parsing.
+    (['prog', '-v'], 0),                # No value: absl reports it.
+    (['prog', '--', '--verbosity=1'], 0),  # After `--`: not a flag.
+    (['prog', '--verbose_env=1', '--vv=1'], 0),  # Other flags.
+])
+def test_argv_verbosity(argv, verbosity):
+  assert quiet.argv_verbosity(argv) == verbosity
+
+
+@pytest.mark.parametrize('line', [
+    'I0000 00:00:1796075705.554643   13599 cpu_feature_guard.cc:210] This '
+    'TensorFlow binary is optimized to use available CPU instructions',
+    'E0000 00:00:1796075705.566074   13599 cuda_executor.cc:1228] failed call to '
+    'cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)',
+    'WARNING: All log messages before absl::InitializeLog() is called are written '
+    'to STDERR',
+    'To enable the following instructions: AVX2 FMA, in other operations, rebuild '
+    'TensorFlow with the appropriate compiler flags.',
+    '2024-01-31 12:00:00.123456: I tensorflow/core/util/port.cc:110] oneDNN '
+    'custom operations are on.',
+])
+def test_native_log_lines_are_recognised(line):
+  assert quiet.NATIVE_LOG_RE.match(line)
+
+
+@pytest.mark.parametrize('line', [
+    'impala_tf.train: error: --batch_size must be >= 1, got 0',
+    'Traceback (most recent call last):',
+    'I1130 21:55:20 driver.py] frames',  # Not a native line's layout.
+])
+def test_other_lines_are_not_native(line):
+  assert not quiet.NATIVE_LOG_RE.match(line)
+
+
+def _record(pathname, level):
+  return logging.LogRecord('absl', level, pathname, 1, 'message', None, None)
+
+
+@pytest.mark.parametrize('pathname,level,kept', [
+    ('/venv/lib/tensorflow/python/distribute/mirrored_strategy.py',
+     logging.INFO, False),
+    ('/venv/lib/tensorflow/python/checkpoint/functional_saver.py',
+     logging.WARNING, False),
+    ('/venv/lib/tensorflow/python/framework/ops.py', logging.ERROR, True),
+    ('/venv/lib/keras/src/backend.py', logging.WARNING, False),
+    ('/repo/impala_tf/driver.py', logging.INFO, True),
+    ('/repo/impala_tf/checkpoints.py', logging.WARNING, True),
+])
+def test_tensorflow_records_below_error_are_dropped(pathname, level, kept):
+  assert quiet._DropTensorFlowRecords().filter(_record(pathname, level)) == kept
+
+
+def test_native_lines_dropped_passes_other_lines_on(capfd):
+  with quiet._native_lines_dropped():
+    os.write(2, b'I0000 00:00:1796075705.554643   13599 cpu_feature_guard.cc:210] '
+                b'native\n')
+    os.write(2, b'a line of ours\n')
+    os.write(2, b'E0000 00:00:1.0   1 x.cc:1] native too\n')
+  assert capfd.readouterr().err == 'a line of ours\n'
+
+
+_PROBE = '''
+import json, os, sys
+from impala_tf import quiet
+result = {}
+if sys.argv[1] == 'import_entry_points':
+  import impala_tf.evaluate, impala_tf.export
+elif sys.argv[1] == 'plain_tensorflow':
+  import tensorflow
+else:
+  result['returned'] = quiet.quiet_tensorflow(int(sys.argv[1]))
+result['level'] = os.environ.get('TF_CPP_MIN_LOG_LEVEL')
+result['mark'] = os.environ.get('IMPALA_TF_QUIET')
+result['tensorflow_imported'] = 'tensorflow' in sys.modules
+if result['tensorflow_imported']:
+  import tensorflow as tf
+  result['tf_logger_level'] = tf.get_logger().level
+print(json.dumps(result))
+'''
+
+
+def _probe(arg, **env_overrides):
+  env = dict(os.environ)
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  env.pop('IMPALA_TF_QUIET', None)
+  env.update(env_overrides)
+  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
+  proc = subprocess.run([sys.executable, '-c', _PROBE, arg], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_quiet_tensorflow_sets_the_level_and_marks_it_as_ours():
+  result = _probe('0')
+  assert result == {'returned': True, 'level': '2', 'mark': '1',
+                    'tensorflow_imported': True, 'tf_logger_level': logging.ERROR}
+
+
+def test_verbosity_one_leaves_tensorflow_alone():
+  assert _probe('1') == {'returned': False, 'level': None, 'mark': None,
+                         'tensorflow_imported': False}
+
+
+def test_level_set_by_the_user_is_left_alone():
+  assert _probe('0', TF_CPP_MIN_LOG_LEVEL='0') == {
+      'returned': False, 'level': '0', 'mark': None, 'tensorflow_imported': False}
+
+
+def test_importing_the_entry_points_changes_no_logging():
+  result = _probe('import_entry_points')
+  plain = _probe('plain_tensorflow')  # TF 2.12 sets TF_CPP_MIN_LOG_LEVEL=1 itself.
+  assert result['mark'] is None
+  assert result['level'] == plain['level']
+  assert result['tf_logger_level'] == plain['tf_logger_level'] != logging.ERROR

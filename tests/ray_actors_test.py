@@ -1,0 +1,479 @@
+"""Tests of impala_tf.ray_actors: the `ray` actor backend.
+
+* In this process, on one local Ray instance (2 CPUs) shared by the module: a Ray
+  actor produces exactly the chunks of a thread actor; unrolls are neither lost nor
+  duplicated and steps are counted once; weights are put once per version; a
+  CartPole run keeps the thread backend's accounting identities; a killed actor
+  process is replaced and the run goes on.
+* A two-node `ray.cluster_utils.Cluster` (after the local instance is shut down):
+  actors placed on the non-head node by a custom resource train; removing that node
+  stops the run with a one-line error and an intact final checkpoint.
+* `python -m impala_tf.train --actor_backend=ray` in a subprocess, which starts its
+  own Ray: every port its processes listen on is bound to the loopback interface,
+  and none of them is left after it exits normally, on SIGINT or on SIGTERM.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+from ray import cluster_utils
+import tensorflow as tf
+
+from impala_tf import actor as actor_lib
+from impala_tf import actor_pool
+from impala_tf import driver
+from impala_tf import environments
+from impala_tf import networks
+from impala_tf import ray_actors
+from impala_tf import testing
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# Timeouts are generous: a Ray actor process imports TensorFlow, which took up to
+# 100 s on a 2-core machine at load 8 (CI shares its 2 cores between 2 test workers).
+def _config(logdir='/tmp/unused', **overrides):
+  base = dict(env='CartPole-v1', actor_backend='ray', num_actors=2,
+              num_envs_per_actor=4, unroll_length=5, batch_size=4,
+              learner_queue_size=2, learner_queue_timeout=300.0,
+              total_environment_frames=2000, log_interval_secs=0.3, logdir=logdir)
+  base.update(overrides)
+  return testing.tiny_config(**base)
+
+
+@pytest.fixture(scope='module')
+def local_ray():
+  session = ray_actors.RaySession('', num_cpus=2)
+  assert session.started
+  yield session
+  session.close()
+
+
+def _spaces(config):
+  return environments.env_spaces(config.env)
+
+
+def _weights(config, seed):
+  obs_space, action_space = _spaces(config)
+  net = networks.make_network(config.replace(seed=seed), obs_space, action_space)
+  return [v.numpy() for v in net.variables]
+
+
+def _rngs(config):
+  return [tf.random.Generator.from_seed(actor_pool.actor_rng_seed(config, i))
+          for i in range(config.num_actors)]
+
+
+def _thread_chunks(config, actor_id, weights, n):
+  """The first n chunks a thread actor of `config` produces with `weights`."""
+  obs_space, action_space = _spaces(config)
+  broadcast = actor_lib.ParameterBroadcast()
+  broadcast.publish(0, weights)
+  act = actor_pool.make_actor(config, actor_id, 0, obs_space, action_space, broadcast,
+                              None, lambda e: None, threading.Event())
+  gen = act.unrolls()
+  try:
+    return [next(gen) for _ in range(n)]
+  finally:
+    act.close()
+
+
+def test_ray_pool_chunks_equal_thread_chunks_none_lost_or_duplicated(local_ray):
+  del local_ray
+  config = _config(num_actors=2, learner_queue_size=3)
+  weights = _weights(config, seed=5)
+  episodes = []
+  stop = threading.Event()
+  pool = ray_actors.RayActorPool(config, *_spaces(config), episodes.extend,
+                                 _rngs(config), stop)
+  n = 4
+  per_actor = {0: [], 1: []}
+  try:
+    pool.start(0, weights)
+    while min(len(c) for c in per_actor.values()) < n:
+      chunk = pool.get_chunk()
+      per_actor[int(chunk['unroll_id'][0] >> 40)].append(chunk)
+    # A new version: put once for both actors, and it reaches both.
+    weights2 = _weights(config, seed=6)
+    pool.publish(7, weights2)
+    seen_new = set()
+    for _ in range(40):
+      chunk = pool.get_chunk()
+      actor_id = int(chunk['unroll_id'][0] >> 40)
+      per_actor[actor_id].append(chunk)
+      if chunk['policy_version'][0] == 7:
+        seen_new.add(actor_id)
+      if seen_new == {0, 1}:
+        break
+    assert seen_new == {0, 1}
+    assert pool.num_weight_puts == 2  # One per version, not one per actor.
+  finally:
+    stop.set()
+    time.sleep(0.5)
+    queued = pool.queue.qsize()
+    steps = pool.steps
+    pool.stop()
+  b, t = config.num_envs_per_actor, config.unroll_length
+  read = sum(len(c) for c in per_actor.values())
+  # Every answered unroll is either read or still queued: none lost, none twice.
+  assert steps == (read + queued) * b * t, (steps, read, queued)
+  for actor_id, chunks in per_actor.items():
+    ids = np.concatenate([c['unroll_id'] for c in chunks])
+    np.testing.assert_array_equal(ids, actor_id * 2**40 + np.arange(len(ids)))
+    # The same unrolls a thread actor produces, field by field.
+    for got, want in zip(chunks[:n], _thread_chunks(config, actor_id, weights, n)):
+      assert set(got) == set(want)
+      for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    for prev, nxt in zip(chunks[:-1], chunks[1:]):
+      np.testing.assert_array_equal(prev['observation'][:, t], nxt['observation'][:, 0])
+  assert episodes and all(e.length > 0 for e in episodes)
+  assert pool.restarts == 0 and pool.error is None
+
+
+def test_actors_that_do_not_fit_stop_the_run_in_one_line(local_ray, tmp_path):
+  del local_ray  # 2 CPUs: three actors of one CPU each do not fit.
+  config = _config(str(tmp_path), num_actors=3)
+  with pytest.raises(driver.TrainingError) as info:
+    driver.train(config)
+  message = str(info.value)
+  assert message.startswith('--num_actors=3 actors with --ray_actor_resources=')
+  assert 'need CPU=3, but the Ray cluster has CPU=2' in message
+  assert '\n' not in message
+  assert ray.is_initialized()  # A Ray the run did not start is left running.
+
+
+def _read_metrics(logdir):
+  with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _checkpoint_counters(logdir):
+  path = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+  assert path is not None
+  reader = tf.train.load_checkpoint(path)
+  out = {}
+  for name in reader.get_variable_to_shape_map():
+    for counter in ('learner_steps', 'trained_frames', 'consumed_frames',
+                    'replayed_frames'):
+      if name.startswith(counter + '/') and 'VARIABLE_VALUE' in name:
+        out[counter] = int(reader.get_tensor(name))
+  return out
+
+
+def _check_identities(logdir, config):
+  lines = _read_metrics(logdir)
+  final = lines[-1]
+  assert final['final'] is True
+  for m in lines:
+    assert m['trained_frames'] == m['learner_steps'] * config.batch_size * \
+        config.unroll_length, m
+    assert m['consumed_frames'] <= m['env_frames'], m
+    assert 0 <= m['learner_queue_size'] <= config.learner_queue_size, m
+  for k in ('env_frames', 'trained_frames', 'consumed_frames', 'learner_steps'):
+    values = [m[k] for m in lines]
+    assert values == sorted(values), k
+  assert final['trained_frames'] == (
+      final['consumed_frames'] + final['replayed_frames']) * config.num_sgd_iter
+  assert final['learner_steps'] % (config.num_sgd_iter *
+                                   config.minibatch_buffer_size) == 0
+  counters = _checkpoint_counters(logdir)
+  for k, v in counters.items():
+    assert v == final[k], (k, v, final)
+  return final
+
+
+def test_cartpole_run_keeps_the_accounting_identities(local_ray, tmp_path):
+  del local_ray
+  config = _config(str(tmp_path), replay_proportion=0.5, replay_buffer_num_slots=8,
+                   num_sgd_iter=2, minibatch_buffer_size=2,
+                   num_data_loader_buffers=2, total_environment_frames=3000)
+  result = driver.train(config)
+  final = _check_identities(str(tmp_path), config)
+  assert result.metrics['env_frames'] == final['env_frames']
+  assert final['env_frames'] >= config.total_environment_frames
+  # Back-pressure: the actors ran only a bounded distance ahead of the learner.
+  assert final['env_frames'] <= config.total_environment_frames + 2000, final
+  assert final['replayed_frames'] > 0 and final['consumed_frames'] > 0
+  assert final['episodes'] > 0 and final['actor_restarts'] == 0
+  assert os.path.isdir(os.path.join(str(tmp_path), 'saved_policy'))
+
+
+def _processes():
+  """pid -> command line of every process."""
+  out = {}
+  for d in os.listdir('/proc'):
+    if d.isdigit():
+      try:
+        with open(f'/proc/{d}/cmdline', 'rb') as f:
+          out[int(d)] = f.read().replace(b'\0', b' ').decode(errors='replace')
+      except OSError:
+        pass
+  return out
+
+
+def _start_time(pid):
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+      return int(f.read().rsplit(')', 1)[1].split()[19])
+  except (OSError, ValueError, IndexError):
+    return -1
+
+
+def test_killed_actor_process_is_replaced_and_the_run_goes_on(local_ray, tmp_path):
+  del local_ray
+  config = _config(str(tmp_path), total_environment_frames=10_000_000)
+  stop = threading.Event()
+  killed = []
+  after_kill = []
+
+  def on_metrics(m):
+    if not killed and m['learner_steps'] > 0:
+      cmds = _processes()
+      # Actors of this process's Ray (its raylet is our child), newest first: not
+      # an earlier test's actor, nor one of another test process.
+      pids = [p for p in _descendants(os.getpid())
+              if cmds.get(p, '').startswith('ray::ImpalaActor')]
+      if not pids:  # Its process title not set yet (a loaded machine): next line.
+        return
+      newest = max(pids, key=_start_time)
+      os.kill(newest, signal.SIGKILL)
+      killed.append((newest, m['env_frames']))
+    elif killed and m['actor_restarts'] >= 1:
+      after_kill.append(m)
+      # Both actors produce again: wait for frames well past the kill.
+      if m['env_frames'] > killed[0][1] + 400 and len(after_kill) >= 3:
+        stop.set()
+
+  watchdog = threading.Timer(480, stop.set)
+  watchdog.start()
+  try:
+    result = driver.train(config, stop_event=stop, on_metrics=on_metrics)
+  finally:
+    watchdog.cancel()
+  assert killed
+  final = _check_identities(str(tmp_path), config)
+  assert final['actor_restarts'] >= 1, final
+  assert result.interrupted and final['env_frames'] > killed[0][1] + 400
+
+
+# --- Two-node cluster ------------------------------------------------------------
+
+
+@pytest.fixture
+def two_nodes():
+  """A head node without actor resources and a node with resource actor_node."""
+  if ray.is_initialized():
+    ray.shutdown()  # The module's local instance (its fixture's close is a no-op).
+  with ray_actors.loopback_only():  # Keep the test's ports off the network too.
+    cluster = cluster_utils.Cluster(initialize_head=True,
+                                    head_node_args={'num_cpus': 1})
+    node = cluster.add_node(num_cpus=2, resources={'actor_node': 2})
+    ray.init(address=cluster.address)
+  cluster.wait_for_nodes()
+  yield cluster, node
+  ray.shutdown()
+  cluster.shutdown()
+
+
+def test_cluster_actors_on_the_other_node_and_node_loss(two_nodes, tmp_path):
+  cluster, node = two_nodes
+  config = _config(str(tmp_path), ray_address=cluster.address,
+                   ray_actor_resources='{"CPU": 1, "actor_node": 1}',
+                   total_environment_frames=10_000_000,
+                   checkpoint_interval_secs=0.5)
+  removed = []
+
+  def on_metrics(m):
+    if removed or m['learner_steps'] < 4:
+      return
+    # Both actors hold the only node with actor_node.
+    assert ray.available_resources().get('actor_node', 0) == 0
+    assert tf.train.latest_checkpoint(os.path.join(str(tmp_path), 'checkpoints'))
+    removed.append(m)
+    cluster.remove_node(node)
+
+  with pytest.raises(driver.TrainingError) as info:
+    driver.train(config, on_metrics=on_metrics)
+  assert removed, 'the run did not train before the node was removed'
+  message = str(info.value)
+  assert '\n' not in message
+  assert '--ray_actor_resources=' in message and 'actor_node' in message, message
+  final = _read_metrics(str(tmp_path))[-1]
+  assert final['final'] is True and final['learner_steps'] >= 4
+  counters = _checkpoint_counters(str(tmp_path))
+  assert counters['learner_steps'] == final['learner_steps']
+
+
+# --- The command line starts and stops its own Ray --------------------------------
+
+
+def _descendants(root):
+  children = {}
+  for pid in _processes():
+    try:
+      with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+    children.setdefault(ppid, []).append(pid)
+  out, todo = [], [root]
+  while todo:
+    for c in children.get(todo.pop(), []):
+      out.append(c)
+      todo.append(c)
+  return out
+
+
+def _listening():
+  """socket inode -> local address of every listening TCP socket."""
+  out = {}
+  for path in ('/proc/net/tcp', '/proc/net/tcp6'):
+    try:
+      with open(path, encoding='utf-8') as f:
+        rows = f.read().splitlines()[1:]
+    except OSError:
+      continue
+    for row in rows:
+      fields = row.split()
+      if fields[3] == '0A':  # TCP_LISTEN
+        out[fields[9]] = fields[1].rsplit(':', 1)[0]
+  return out
+
+
+_LOOPBACK = ('0100007F',  # 127.0.0.1 (IPv4 table, little-endian)
+             '0000000000000000FFFF00000100007F',  # ::ffff:127.0.0.1
+             '00000000000000000000000001000000')  # ::1
+
+
+def _sockets_of(pid, listening):
+  addrs = []
+  try:
+    fds = os.listdir(f'/proc/{pid}/fd')
+  except OSError:
+    return addrs
+  for fd in fds:
+    try:
+      target = os.readlink(f'/proc/{pid}/fd/{fd}')
+    except OSError:
+      continue
+    if target.startswith('socket:[') and target[8:-1] in listening:
+      addrs.append(listening[target[8:-1]])
+  return addrs
+
+
+class _Watch:
+  """Samples a process tree: its processes and their listening sockets."""
+
+  def __init__(self, proc):
+    self.proc = proc
+    self.pids = {}  # pid -> latest command line
+    self._started = {}  # pid -> start time (tells a reused pid apart)
+    self.addresses = set()
+    self.saw_actor = threading.Event()  # A Ray actor process was sampled.
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self):
+    while self.proc.poll() is None:
+      listening = _listening()
+      cmds = _processes()
+      for pid in _descendants(self.proc.pid):
+        if pid in cmds:
+          self.pids[pid] = cmds[pid]
+          self._started.setdefault(pid, _start_time(pid))
+        self.addresses.update(_sockets_of(pid, listening))
+        if cmds.get(pid, '').startswith('ray::ImpalaActor'):
+          self.saw_actor.set()
+      time.sleep(0.5)
+
+  def join(self):
+    self._thread.join(timeout=10)
+
+  def left_over(self, grace=20.0):
+    """Recorded descendants still running after `grace` s: pid -> command line."""
+    deadline = time.time() + grace
+    while True:
+      alive = {p: self.pids[p] for p, t in self._started.items()
+               if _start_time(p) == t and not _zombie(p)}
+      if not alive or time.time() > deadline:
+        return alive
+      time.sleep(0.5)
+
+
+def _zombie(pid):
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] == 'Z'
+  except OSError:
+    return True
+
+
+_CLI_FLAGS = ['--actor_backend=ray', '--num_actors=2', '--num_envs_per_actor=4',
+              '--unroll_length=5', '--batch_size=4', '--mlp_hidden_sizes=16',
+              '--log_interval_secs=0.5', '--learner_queue_timeout=300']
+
+
+def _start_cli(logdir, flags, quiet=False):
+  """Starts a training run; `quiet`: with a user's defaults (no TF_CPP_MIN_LOG_LEVEL),
+  so the run's quiet start applies."""
+  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  env.pop('RAY_ADDRESS', None)
+  if quiet:
+    env.pop('TF_CPP_MIN_LOG_LEVEL')
+    env.pop('IMPALA_TF_QUIET', None)
+  cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}'] + flags
+  return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env, cwd=_REPO)
+
+
+@pytest.mark.parametrize('how', ['normal', 'SIGINT', 'SIGTERM'])
+def test_cli_ray_listens_on_loopback_and_leaves_no_process(tmp_path, how):
+  logdir = str(tmp_path / 'run')
+  total = 1500 if how == 'normal' else 10_000_000
+  proc = _start_cli(logdir, _CLI_FLAGS + [f'--total_environment_frames={total}'],
+                    quiet=how == 'normal')
+  watch = _Watch(proc)
+  try:
+    if how != 'normal':
+      deadline = time.time() + 300
+      metrics = os.path.join(logdir, 'metrics.jsonl')
+      while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(metrics) and os.path.getsize(metrics) > 0:
+          break
+        time.sleep(0.5)
+      watch.saw_actor.wait(timeout=60)  # Sample the running tree first.
+      time.sleep(1.0)
+      proc.send_signal(getattr(signal, how))
+    out, _ = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  watch.join()
+  assert proc.returncode == 0, out[-4000:]
+  assert 'impala_tf.train: done:' in out, out[-4000:]
+  if how == 'normal':  # Quiet start: the actor processes' TensorFlow lines too.
+    assert 'cuInit' not in out and 'absl::InitializeLog' not in out, out[-4000:]
+    assert not [l for l in out.splitlines() if '.cc:' in l], out[-4000:]
+  ray_pids = [p for p, c in watch.pids.items() if 'ray' in c]
+  assert len(ray_pids) >= 3, watch.pids  # gcs_server, raylet, the actors, ...
+  assert watch.saw_actor.is_set(), watch.pids
+  assert len(watch.addresses) >= 2, watch.addresses
+  assert all(a in _LOOPBACK for a in watch.addresses), watch.addresses
+  assert watch.left_over() == {}
+  final = _read_metrics(logdir)[-1]
+  assert final['final'] is True and final['interrupted'] is (how != 'normal')
+  assert tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

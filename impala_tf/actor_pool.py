@@ -261,7 +261,8 @@ class ThreadActorPool(ActorPool):
   def build(self, actor_id: int, restarts: int) -> actor_lib.Actor:
     """The Actor of thread `actor_id` (also after a restart)."""
     return make_actor(self.config, actor_id, restarts, self.observation_space,
-                      self.action_space, self._broadcast, self.queue.put,
+                      self.action_space, self._broadcast,
+                      self.queue.put_then_wait_for_room,
                       self.episode_sink, self.stop_event, rng=self.rngs[actor_id],
                       resumes=self.resumes)
 

@@ -5,6 +5,7 @@ The Ray backend has its own tests (tests/ray_actors_test.py).
 
 import sys
 import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -71,6 +72,26 @@ def test_thread_pool_chunks_steps_episodes_and_stop():
   steps = pool.steps
   assert pool.steps == steps  # Stopped: nothing steps any more.
   assert pool.restarts == 0 and pool.error is None
+
+
+def test_thread_actor_waits_for_room_before_its_next_unroll():
+  pool, config, _, _, weights = _pool(num_actors=1, learner_queue_size=1)
+  b, t = config.num_envs_per_actor, config.unroll_length
+  pool.start(0, weights)
+  try:
+    deadline = time.monotonic() + 60
+    while pool.queue.qsize() < 1 and time.monotonic() < deadline:
+      time.sleep(0.05)
+    time.sleep(1.0)
+    # One unroll queued and no second one stepped: the actor acts only when there is
+    # room (it would otherwise hold a finished unroll, one chunk older, until then).
+    assert pool.queue.qsize() == 1 and pool.steps == b * t
+    pool.publish(5, weights)
+    assert pool.get_chunk()['policy_version'].tolist() == [0] * b
+    # The next unroll starts after the take, with the weights published before it.
+    assert (pool.get_chunk()['policy_version'] == 5).all()
+  finally:
+    pool.stop()
 
 
 def test_thread_pool_restarts_a_dying_actor_then_fails_in_one_line():

@@ -284,6 +284,32 @@ def test_learner_queue_put_blocks_when_full_and_stops():
   assert q.get() is None  # Stopped readers get None, not the chunk.
 
 
+def test_put_then_wait_for_room_returns_only_when_the_chunk_is_taken():
+  stop = threading.Event()
+  q = data.LearnerQueue(maxsize=1, timeout=5.0, stop_event=stop)
+  result = []
+  writer = threading.Thread(
+      target=lambda: result.append(q.put_then_wait_for_room(_chunk([0]))))
+  writer.start()
+  time.sleep(0.4)
+  # The chunk is queued, and its writer waits for room before its next unroll.
+  assert writer.is_alive() and q.qsize() == 1 and q.num_put == 1
+  assert q.get()['unroll_id'].tolist() == [0]
+  writer.join(timeout=5)
+  assert not writer.is_alive() and result == [True]
+  assert q.wait_for_room() is True  # Room: returns at once.
+  # Full, then stopped: the waiting writer returns False promptly.
+  writer = threading.Thread(
+      target=lambda: result.append(q.put_then_wait_for_room(_chunk([1]))))
+  writer.start()
+  time.sleep(0.3)
+  assert writer.is_alive() and q.qsize() == 1
+  stop.set()
+  writer.join(timeout=5)
+  assert not writer.is_alive() and result == [True, False]
+  assert q.wait_for_room() is False
+
+
 def test_learner_queue_get_times_out_with_flag_name():
   q = data.LearnerQueue(maxsize=2, timeout=0.3, stop_event=threading.Event())
   start = time.monotonic()

@@ -65,7 +65,21 @@ setup(
             'opencv-python-headless>=4.8',
             'envpool>=1.2; sys_platform == "linux"',
             'ray>=2.60,<3',
+            # impala_tf.evaluate --video, impala_tf.plot, and reading the event
+            # files back with TensorBoard's own reader (tests/metrics_test.py).
+            'imageio>=2.28',
+            'imageio-ffmpeg>=0.4.8',
+            'pygame>=2.1',
+            'matplotlib>=3.7',
+            'tensorboard>=2.12',
         ],
+        # evaluate --video: mp4 (imageio + its ffmpeg plugin, which ships an ffmpeg
+        # binary; a .gif needs only imageio), and pygame for classic-control frames.
+        'video': ['imageio>=2.28', 'imageio-ffmpeg>=0.4.8', 'pygame>=2.1'],
+        # python -m impala_tf.plot.
+        'plot': ['matplotlib>=3.7'],
+        # TensorFlow >= 2.21 no longer installs TensorBoard.
+        'tensorboard': ['tensorboard>=2.12'],
         'bench': ['matplotlib>=3.7'],
     },
     classifiers=[

@@ -255,7 +255,7 @@ class _Run:
           seed=config.seed + self.num_resumes * 1_000_003)
     source = data.ChunkSource(self.pool.get_chunk, replay)
     dataset = self._dataset(source)
-    self.writer = metrics_lib.MetricsWriter(config.logdir)
+    self.writer = metrics_lib.MetricsWriter(config.logdir, config.to_dict())
     self.window = _Window(self.base_env_frames)
     reached_target = interrupted = False
     iterator = None
@@ -387,7 +387,8 @@ class _Run:
 
   def _emit(self, m: Dict[str, object]):
     self.writer.write(m)
-    logging.info('%s', metrics_lib.console_line(m))
+    logging.info('%s', metrics_lib.console_line(
+        m, self.config.total_environment_frames))
     if self.on_metrics:
       self.on_metrics(m)
 

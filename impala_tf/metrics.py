@@ -3,6 +3,15 @@
 Every log interval the driver writes one JSON object to `logdir/metrics.jsonl` and the
 same numeric values as `tf.summary` scalars (under `logdir/tensorboard/`, step =
 env_frames), and logs one console line.
+
+metrics.jsonl keeps flat names (`episode_return_mean`, `fps`, ...): scripts read them,
+so they are a stable interface. In TensorBoard the same values are grouped in
+sections a reader scans, the tag being `SECTION/NAME` (`episode/episode_return_mean`,
+`throughput/fps`): `SECTIONS` maps each known name to its section, and a name it does
+not list gets one from `_SECTION_RULES` (never an error). `docs/metrics.md` lists
+every name with its tag. Besides, `episode/episode_return_mean_vs_learner_steps`
+holds the return with step = learner steps, and `run/flags` (text, step 0) the run's
+flags.
 """
 
 import collections
@@ -10,7 +19,7 @@ import json
 import math
 import os
 import threading
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -22,6 +31,94 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 _SCALAR_METADATA_PROTO = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name='scalars'),
     data_class=summary_pb2.DATA_CLASS_SCALAR)
+# What tf.summary.text writes (TensorBoard's text plugin, markdown rendered).
+_TEXT_METADATA_PROTO = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name='text'),
+    data_class=summary_pb2.DATA_CLASS_TENSOR)
+
+# TensorBoard sections, in the order a reader scans them.
+SECTION_NAMES = ('episode', 'loss', 'optimizer', 'throughput', 'lag', 'actors')
+
+# metrics.jsonl name -> TensorBoard section (tag `SECTION/NAME`). Add a row for a new
+# metric (and one to docs/metrics.md); a name missing here still gets a section from
+# _SECTION_RULES.
+SECTIONS = {
+    # Finished episodes (game scores; the mean over the last 100).
+    'episode_return_mean': 'episode',
+    'episode_length_mean': 'episode',
+    'episodes_in_mean': 'episode',
+    'episodes': 'episode',
+    # The loss terms and what V-trace saw in the batch.
+    'loss': 'loss',
+    'policy_loss': 'loss',
+    'baseline_loss': 'loss',
+    'entropy_loss': 'loss',
+    'entropy': 'loss',
+    'rho_mean': 'loss',
+    'rho_clip_fraction': 'loss',
+    'advantage_mean': 'loss',
+    'advantage_std': 'loss',
+    'value_mean': 'loss',
+    # The update.
+    'learning_rate': 'optimizer',
+    'grad_norm': 'optimizer',
+    'nonfinite_updates': 'optimizer',
+    # Frames, steps and time.
+    'env_frames': 'throughput',
+    'trained_frames': 'throughput',
+    'consumed_frames': 'throughput',
+    'replayed_frames': 'throughput',
+    'learner_steps': 'throughput',
+    'fps': 'throughput',
+    'wall_seconds': 'throughput',
+    'startup_seconds': 'throughput',
+    'first_learner_step_unix': 'throughput',
+    'learner_wait_fraction': 'throughput',
+    'num_replicas': 'throughput',
+    # How stale the data is: policy lag and the learner queue's fill.
+    'policy_lag_mean': 'lag',
+    'policy_lag_max': 'lag',
+    'learner_queue_size': 'lag',
+    'learner_queue_capacity': 'lag',
+    # The actors.
+    'actor_restarts': 'actors',
+}
+
+# For names SECTIONS does not list: the first rule whose word is in the name gives
+# the section; a name none matches is a learner diagnostic and goes to 'loss'.
+_SECTION_RULES = (
+    ('episode', 'episode'),
+    ('actor', 'actors'),
+    ('lag', 'lag'),
+    ('queue', 'lag'),
+    ('grad', 'optimizer'),
+    ('learning_rate', 'optimizer'),
+    ('optimizer', 'optimizer'),
+    ('frames', 'throughput'),
+    ('fps', 'throughput'),
+    ('seconds', 'throughput'),
+    ('steps', 'throughput'),
+)
+_DEFAULT_SECTION = 'loss'
+
+# Episode return against learner steps (step = learner_steps), besides env frames.
+RETURN_BY_LEARNER_STEPS_TAG = 'episode/episode_return_mean_vs_learner_steps'
+FLAGS_TAG = 'run/flags'
+
+
+def section(name: str) -> str:
+  """The TensorBoard section of a metrics.jsonl name (one of SECTION_NAMES)."""
+  if name in SECTIONS:
+    return SECTIONS[name]
+  for word, sec in _SECTION_RULES:
+    if word in name:
+      return sec
+  return _DEFAULT_SECTION
+
+
+def tensorboard_tag(name: str) -> str:
+  """`SECTION/NAME`: the TensorBoard tag of a metrics.jsonl name."""
+  return f'{section(name)}/{name}'
 
 
 class EpisodeLog:
@@ -61,20 +158,57 @@ def _jsonable(v):
   return v
 
 
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def flags_markdown(flag_values: Mapping[str, object]) -> str:
+  """A markdown table `| flag | value |` of `flag_values` (name -> value), sorted."""
+  rows = ['| flag | value |', '| --- | --- |']
+  for name in sorted(flag_values):
+    value = flag_values[name]
+    if isinstance(value, (list, tuple)):
+      value = ','.join(str(v) for v in value)
+    elif value is None:
+      value = 'none'
+    elif isinstance(value, bool):
+      value = 'true' if value else 'false'
+    text = str(value).replace('|', '\\|')
+    rows.append(f'| `--{name}` | `{text}` |')
+  return '\n'.join(rows)
+
+
 class MetricsWriter:
   """Writes metric dicts to metrics.jsonl and TensorBoard.
 
   Args:
     logdir: the run directory (must exist).
+    flag_values: optional name -> value (e.g. `Config.to_dict()`), written once as
+      the text summary `run/flags` (a markdown table) at step 0.
   """
 
-  def __init__(self, logdir: str):
+  def __init__(self, logdir: str,
+               flag_values: Optional[Mapping[str, object]] = None):
     self._path = os.path.join(logdir, 'metrics.jsonl')
     self._file = open(self._path, 'a', encoding='utf-8')
     self._summary = tf.summary.create_file_writer(os.path.join(logdir, 'tensorboard'))
+    if flag_values is not None:
+      summary = summary_pb2.Summary()
+      value = summary.value.add(tag=FLAGS_TAG, metadata=_TEXT_METADATA_PROTO)
+      value.tensor.CopyFrom(tf.make_tensor_proto(flags_markdown(flag_values)))
+      self._write_summary(summary, 0)
+
+  def _write_summary(self, summary: summary_pb2.Summary, step: int):
+    with self._summary.as_default(step=step):
+      tf.summary.experimental.write_raw_pb(summary.SerializeToString())
 
   def write(self, metrics: Dict[str, object]):
-    """Appends one line and the scalars (step = metrics['env_frames'])."""
+    """Appends one line and the scalars (step = metrics['env_frames']).
+
+    Each number `NAME` becomes the scalar `tensorboard_tag(NAME)`; None, non-finite,
+    bool and string values are left out of TensorBoard (and non-finite numbers are
+    null in metrics.jsonl).
+    """
     line = {k: _jsonable(v) for k, v in metrics.items()}
     self._file.write(json.dumps(line, sort_keys=True) + '\n')
     self._file.flush()
@@ -84,11 +218,18 @@ class MetricsWriter:
     # and without an eager op per scalar (~30 per line).
     summary = summary_pb2.Summary()
     for k, v in line.items():
-      if isinstance(v, (int, float)) and not isinstance(v, bool):
-        value = summary.value.add(tag=k, metadata=_SCALAR_METADATA_PROTO)
+      if _is_number(v):
+        value = summary.value.add(tag=tensorboard_tag(k),
+                                  metadata=_SCALAR_METADATA_PROTO)
         value.tensor.CopyFrom(tf.make_tensor_proto(float(v), tf.float32))
-    with self._summary.as_default(step=step):
-      tf.summary.experimental.write_raw_pb(summary.SerializeToString())
+    self._write_summary(summary, step)
+    ret, steps = line.get('episode_return_mean'), line.get('learner_steps')
+    if _is_number(ret) and _is_number(steps):
+      by_steps = summary_pb2.Summary()
+      value = by_steps.value.add(tag=RETURN_BY_LEARNER_STEPS_TAG,
+                                 metadata=_SCALAR_METADATA_PROTO)
+      value.tensor.CopyFrom(tf.make_tensor_proto(float(ret), tf.float32))
+      self._write_summary(by_steps, int(steps))
     self._summary.flush()
 
   def close(self):
@@ -96,16 +237,49 @@ class MetricsWriter:
     self._summary.close()
 
 
-def console_line(m: Dict[str, object]) -> str:
-  """One human line: frames, fps, return, losses, lag, queue fill."""
+def format_duration(seconds: float) -> str:
+  """'26 s', '12 min', '3.4 h' (rounded; for an ETA)."""
+  if seconds < 99.5:
+    return f'{seconds:.0f} s'
+  if seconds < 99.5 * 60:
+    return f'{seconds / 60:.0f} min'
+  return f'{seconds / 3600:.1f} h'
+
+
+def console_line(m: Dict[str, object], total_frames: Optional[int] = None) -> str:
+  """One human line: progress, fps, return, losses, lag, queue fill, ETA.
+
+  Args:
+    m: a metrics dict (as `MetricsWriter.write` takes).
+    total_frames: the run's `total_environment_frames`; with it the line starts
+      `frames 473,840/1,000,000 (47%)` and ends `ETA 26 s`, the time left at the
+      recent rate (`m['fps']`, the frames per second since the previous line).
+
+  Returns:
+    str, one line.
+  """
   ret = m.get('episode_return_mean')
   ret = 'n/a' if ret is None else f'{ret:.1f}'
-  return (f"frames {m['env_frames']:,} | fps {m['fps']:,.0f} | steps "
+  frames = m['env_frames']
+  progress = f'frames {frames:,}'
+  eta = ''
+  if total_frames:
+    progress += f'/{total_frames:,} ({100 * min(frames / total_frames, 1):.0f}%)'
+    left = max(total_frames - frames, 0)
+    fps = m.get('fps') or 0.0
+    if not left or m.get('final'):
+      eta = ' | ETA 0 s'
+    elif fps > 0 and math.isfinite(fps):
+      eta = f' | ETA {format_duration(left / fps)}'
+    else:
+      eta = ' | ETA n/a'
+  return (f"{progress} | fps {m['fps']:,.0f} | steps "
           f"{m['learner_steps']:,} | return {ret} ({m['episodes']} eps) | loss "
           f"{m.get('loss', float('nan')):.3g} | entropy "
           f"{m.get('entropy', float('nan')):.3f} | lag {m['policy_lag_mean']:.2f}"
           f"/{m['policy_lag_max']:.0f} | queue {m['learner_queue_size']}"
-          f"/{m['learner_queue_capacity']} | wait {m['learner_wait_fraction']:.2f}")
+          f"/{m['learner_queue_capacity']} | wait {m['learner_wait_fraction']:.2f}"
+          f'{eta}')
 
 
 def mean_or_none(values: List[float]) -> Optional[float]:

@@ -55,6 +55,10 @@ _PYPI_LABELS = {
     'pytest': '@pypi//pytest',
     'ray': '@pypi//ray',
     'tensorflow': '@pypi//tensorflow',
+    'tensorboard': '@pypi//tensorboard',
+    'imageio': '@pypi//imageio',
+    'imageio_ffmpeg': '@pypi//imageio_ffmpeg',
+    'PIL': '@pypi//pillow',
     'tf_keras': '@pypi//tf_keras',
     'xdist': '@pypi//pytest_xdist',
 }

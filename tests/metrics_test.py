@@ -8,8 +8,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from impala_tf import driver
 from impala_tf import metrics
+from impala_tf import testing
 from impala_tf import types
+
+# The metrics.jsonl names scripts read (a stable interface: none may be renamed or
+# dropped; new ones may be added).
+JSONL_NAMES = frozenset("""
+    env_frames trained_frames consumed_frames replayed_frames learner_steps episodes
+    wall_seconds learner_queue_size learner_queue_capacity learning_rate grad_norm
+    actor_restarts nonfinite_updates num_replicas startup_seconds
+    first_learner_step_unix fps policy_lag_mean policy_lag_max learner_wait_fraction
+    episode_return_mean episode_length_mean episodes_in_mean loss policy_loss
+    baseline_loss entropy_loss entropy rho_mean rho_clip_fraction advantage_mean
+    advantage_std value_mean
+""".split())
 
 
 def _read_events(logdir):
@@ -75,16 +89,79 @@ def test_tensorboard_scalars_with_step_and_values(tmp_path):
                 loss=float('inf'), final=True, note='text'))
   w.close()
   scalars, plugins = _read_events(str(tmp_path))
-  assert scalars['env_frames'] == [(1200, 1200.0), (2400, 2400.0)]
-  assert scalars['fps'] == [(1200, 250.5), (2400, 100.0)]
-  assert scalars['learner_wait_fraction'] == [(1200, 0.125), (2400, 0.125)]
-  assert scalars['learner_queue_size'] == [(1200, 2.0), (2400, 2.0)]
+  assert scalars['throughput/env_frames'] == [(1200, 1200.0), (2400, 2400.0)]
+  assert scalars['throughput/fps'] == [(1200, 250.5), (2400, 100.0)]
+  assert scalars['throughput/learner_wait_fraction'] == [(1200, 0.125),
+                                                         (2400, 0.125)]
+  assert scalars['lag/learner_queue_size'] == [(1200, 2.0), (2400, 2.0)]
   # None / non-finite / bool / string values are not written as scalars.
-  assert scalars['episode_return_mean'] == [(1200, 4.25)]
-  assert 'loss' not in scalars and 'final' not in scalars and 'note' not in scalars
-  assert set(scalars) == set(_base())
+  assert scalars['episode/episode_return_mean'] == [(1200, 4.25)]
+  # The return against learner steps too (step = learner_steps).
+  assert scalars[metrics.RETURN_BY_LEARNER_STEPS_TAG] == [(3, 4.25)]
+  assert not any(t.endswith(('/loss', '/final', '/note')) for t in scalars)
+  assert set(scalars) == {metrics.tensorboard_tag(k) for k in _base()} | {
+      metrics.RETURN_BY_LEARNER_STEPS_TAG}
   for tag in scalars:
     assert plugins.get(tag) == {'scalars'}, tag
+  assert metrics.FLAGS_TAG not in scalars  # Only with flag_values.
+
+
+def test_sections_of_known_and_unknown_names():
+  assert metrics.tensorboard_tag('episode_return_mean') == (
+      'episode/episode_return_mean')
+  assert metrics.tensorboard_tag('loss') == 'loss/loss'
+  assert metrics.tensorboard_tag('grad_norm') == 'optimizer/grad_norm'
+  assert metrics.tensorboard_tag('fps') == 'throughput/fps'
+  assert metrics.tensorboard_tag('policy_lag_max') == 'lag/policy_lag_max'
+  assert metrics.tensorboard_tag('actor_restarts') == 'actors/actor_restarts'
+  assert set(metrics.SECTIONS.values()) == set(metrics.SECTION_NAMES)
+  # Names the table does not list land in a sensible section, never an error.
+  for name, sec in [('grad_norm_policy', 'optimizer'),
+                    ('grad_clipped_fraction', 'optimizer'),
+                    ('popart_mu', 'loss'), ('popart_sigma', 'loss'),
+                    ('log_rho_abs_mean', 'loss'),
+                    ('rho_above_1p1_fraction', 'loss'),
+                    ('actor_env_seconds', 'actors'), ('episode_return_max', 'episode'),
+                    ('queue_wait', 'lag'), ('sampled_frames', 'throughput'),
+                    ('', 'loss'), ('something_new', 'loss')]:
+    assert metrics.section(name) == sec, name
+    assert sec in metrics.SECTION_NAMES
+
+
+def test_docs_list_every_name_with_its_tag():
+  """docs/metrics.md has a row `| `NAME` | `SECTION/NAME` |` per SECTIONS entry."""
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      'docs', 'metrics.md')
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  missing = [f'| `{name}` | `{metrics.tensorboard_tag(name)}` |'
+             for name in metrics.SECTIONS
+             if f'| `{name}` | `{metrics.tensorboard_tag(name)}` |' not in text]
+  assert not missing, 'add these rows to docs/metrics.md:\n' + '\n'.join(missing)
+  assert metrics.RETURN_BY_LEARNER_STEPS_TAG in text and metrics.FLAGS_TAG in text
+
+
+def test_flags_text_summary_at_step_0(tmp_path):
+  w = metrics.MetricsWriter(str(tmp_path), {'env': 'CartPole-v1', 'batch_size': 32,
+                                            'target_return': None,
+                                            'mlp_hidden_sizes': (64, 64),
+                                            'use_lstm': False})
+  w.write(_base())
+  w.close()
+  files = glob.glob(os.path.join(str(tmp_path), 'tensorboard', 'events.*'))
+  texts = []
+  for path in files:
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for v in event.summary.value:
+        if v.tag == metrics.FLAGS_TAG:
+          assert v.metadata.plugin_data.plugin_name == 'text'
+          texts.append((event.step, tf.make_ndarray(v.tensor).item().decode()))
+  assert len(texts) == 1 and texts[0][0] == 0
+  text = texts[0][1]
+  for row in ('| `--env` | `CartPole-v1` |', '| `--batch_size` | `32` |',
+              '| `--target_return` | `none` |', '| `--mlp_hidden_sizes` | `64,64` |',
+              '| `--use_lstm` | `false` |'):
+    assert row in text, text
 
 
 def test_episode_log_mean_over_last_window():
@@ -107,15 +184,79 @@ def test_episode_log_mean_over_last_window():
 
 def test_console_line():
   line = metrics.console_line(_base(env_frames=1234567, loss=0.5))
-  assert 'frames 1,234,567' in line
+  assert line.startswith('frames 1,234,567 | ')
   assert 'return 4.2' in line  # 4.25 -> one decimal.
   assert '(7 eps)' in line
   assert 'steps 3' in line
   assert 'queue 2/8' in line
   assert 'loss 0.5' in line
+  assert 'ETA' not in line  # No total: no progress.
   line = metrics.console_line(_base(episode_return_mean=None))
   assert 'return n/a' in line
   assert 'loss nan' in line
+
+
+@pytest.mark.parametrize('frames,fps,total,progress,eta', [
+    # 526,160 frames left at 20,000 fps: 26 s.
+    (473_840, 20_000.0, 1_000_000, 'frames 473,840/1,000,000 (47%)', 'ETA 26 s'),
+    (100_000, 1_000.0, 1_000_000, 'frames 100,000/1,000,000 (10%)', 'ETA 15 min'),
+    (0, 2_000.0, 200_000_000, 'frames 0/200,000,000 (0%)', 'ETA 27.8 h'),
+    (5_000, 0.0, 10_000, 'frames 5,000/10,000 (50%)', 'ETA n/a'),
+    (10_040, 300.0, 10_000, 'frames 10,040/10,000 (100%)', 'ETA 0 s'),
+])
+def test_console_line_progress_and_eta(frames, fps, total, progress, eta):
+  line = metrics.console_line(_base(env_frames=frames, fps=fps), total)
+  assert line.startswith(progress + ' | fps '), line
+  assert line.endswith(' | ' + eta), line
+  assert '\n' not in line
+
+
+@pytest.fixture(scope='module')
+def short_run(tmp_path_factory):
+  """A short run of the chain env: its logdir and config."""
+  config = testing.tiny_config(logdir=str(tmp_path_factory.mktemp('run')),
+                               total_environment_frames=300, log_interval_secs=0.2)
+  driver.train(config)
+  return config
+
+
+def test_short_run_event_file_read_by_tensorboard(short_run):
+  """TensorBoard's own reader finds every scalar under a section, the return
+  against env frames and learner steps, and the flags at step 0."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  acc = event_accumulator.EventAccumulator(
+      os.path.join(short_run.logdir, 'tensorboard'),
+      size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  tags = acc.Tags()['tensors']
+  scalars = [t for t in tags
+             if acc.SummaryMetadata(t).plugin_data.plugin_name == 'scalars']
+  assert len(scalars) >= 25, tags
+  for tag in scalars:
+    sec, _, name = tag.partition('/')
+    assert sec in metrics.SECTION_NAMES and name, tag
+  with open(os.path.join(short_run.logdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    lines = [json.loads(l) for l in f]
+  # metrics.jsonl keeps its flat names; each number is in TensorBoard by its tag.
+  assert JSONL_NAMES <= set(lines[-1]), JSONL_NAMES - set(lines[-1])
+  numbers = {k for l in lines for k, v in l.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+  assert {metrics.tensorboard_tag(k) for k in numbers} <= set(scalars)
+  frames = [e.step for e in acc.Tensors('episode/episode_return_mean')]
+  assert frames == [l['env_frames'] for l in lines
+                    if l['episode_return_mean'] is not None]
+  returns = [float(tf.make_ndarray(e.tensor_proto))
+             for e in acc.Tensors('episode/episode_return_mean')]
+  assert returns == [8.0] * len(returns)  # The chain env: 8 per episode.
+  by_steps = acc.Tensors(metrics.RETURN_BY_LEARNER_STEPS_TAG)
+  assert [e.step for e in by_steps] == [l['learner_steps'] for l in lines
+                                        if l['episode_return_mean'] is not None]
+  assert acc.SummaryMetadata(metrics.FLAGS_TAG).plugin_data.plugin_name == 'text'
+  (flags_event,) = acc.Tensors(metrics.FLAGS_TAG)
+  assert flags_event.step == 0
+  text = tf.make_ndarray(flags_event.tensor_proto).item().decode()
+  assert f'| `--env` | `{short_run.env}` |' in text
+  assert '| `--total_environment_frames` | `300` |' in text
 
 
 def test_mean_or_none():

@@ -48,6 +48,9 @@ from impala_tf import environments
 from impala_tf import networks
 from impala_tf import types
 
+# Seconds `ThreadActorPool.stop` waits for all of its actor threads together.
+STOP_JOIN_SECS = 8.0
+
 # An actor that dies this many times within RESTART_WINDOW_SECS stops the run.
 MAX_RESTARTS = 5
 RESTART_WINDOW_SECS = 60.0
@@ -287,6 +290,13 @@ class ThreadActorPool(ActorPool):
 
   def stop(self):
     self.stop_event.set()
+    deadline = time.monotonic() + STOP_JOIN_SECS
     for t in self._threads:
-      if t.is_alive():
-        t.join(timeout=30)
+      t.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t.actor_id for t in self._threads if t.is_alive()]
+    if stuck:
+      # A thread cannot be killed: one blocked in its env (a hung step of a sync
+      # env) is left behind as a daemon thread rather than holding up the stop.
+      logging.warning('actor(s) %s did not stop within %g s (an env step that '
+                      'never returns?); leaving them behind',
+                      ', '.join(map(str, stuck)), STOP_JOIN_SECS)

@@ -36,6 +36,11 @@ from impala_tf import networks
 from impala_tf import replay as replay_lib
 
 
+# Seconds a stop request waits for the learner loop to reach the end of its reuse
+# ring before the actors and the data pipeline are stopped under it.
+STOP_GRACE_SECS = 2.0
+
+
 class TrainingError(RuntimeError):
   """The run cannot continue; the message says why and what to change."""
 
@@ -209,6 +214,7 @@ class _Run:
     self.out = None  # The last learner step's output.
     self.first_step_secs = self.first_step_unix = None
     self.nonfinite_error: Optional[TrainingError] = None
+    self.steps_run = 0  # Learner steps of this call (read by the stop watcher).
 
   def _restore(self) -> Optional[str]:
     """Restores the latest checkpoint (if any) and writes config.json."""
@@ -259,6 +265,10 @@ class _Run:
     self.window = _Window(self.base_env_frames)
     reached_target = interrupted = False
     iterator = None
+    loop_done = threading.Event()
+    watcher = threading.Thread(target=self._end_data_on_stop, args=(loop_done,),
+                               name='stop-watcher', daemon=True)
+    watcher.start()
     try:
       self.pool.start(int(self.learner.learner_steps.numpy()),
                       self.learner.get_weights())
@@ -270,6 +280,7 @@ class _Run:
     except actor_pool.ActorPoolError as e:
       self.pool.fail(e)
     finally:
+      loop_done.set()
       self.internal_stop.set()
       # Let the loaders see the stop and return before the iterator is destroyed:
       # its destructor holds the GIL while it waits for them, and they need the GIL.
@@ -293,6 +304,28 @@ class _Run:
     self.save_policy()
     return RunResult(final, config.logdir, reached_target, interrupted)
 
+  def _end_data_on_stop(self, loop_done: threading.Event):
+    """Ends the data when a stop request is not honoured within STOP_GRACE_SECS.
+
+    The learner loop stops at the end of a reuse ring, which needs data; while the
+    actors are stalled (an env hangs, a Ray node is gone) the learner waits in
+    TensorFlow for a batch that does not come. Stopping the actors and the queue
+    then ends the dataset, so the loop returns at once (`_loop` takes the end of
+    data after a stop request as an interruption) instead of after
+    --learner_queue_timeout.
+    """
+    while not self.stop.wait(0.1):
+      if loop_done.is_set():
+        return
+    steps = -1
+    while self.steps_run != steps:  # Data still flows: the ring will end.
+      steps = self.steps_run
+      if loop_done.wait(STOP_GRACE_SECS):
+        return
+    logging.info('Stop requested; the learner got no data for %g s: stopping the '
+                 'actors and the data pipeline.', STOP_GRACE_SECS)
+    self.internal_stop.set()
+
   def _loop(self, iterator) -> Tuple[bool, bool]:
     """Learner steps until a stop condition at the end of a reuse ring.
 
@@ -302,16 +335,21 @@ class _Run:
     config, learner = self.config, self.learner
     ring = config.minibatch_buffer_size * config.num_sgd_iter
     last_log = last_ckpt = time.time()
-    steps_run = 0
+    steps_run = self.steps_run = 0
     base_learner_steps = int(learner.learner_steps.numpy())
     while True:
       t0 = time.perf_counter()
       try:
         self.out = learner.step_from_iterator(iterator)
       except (StopIteration, tf.errors.OutOfRangeError):
-        return False, False
+        # The step's counter increment does not wait for the batch, so a step
+        # that found no batch may have counted itself: undo that.
+        learner.learner_steps.assign(base_learner_steps + steps_run)
+        # The data ends when the run is stopping: by request (interrupted), or
+        # because the actor pool failed (its error is raised by `train`).
+        return False, self.stop.is_set() and not self.pool.error
       weights = self.out.pop('weights')
-      steps_run += 1
+      steps_run = self.steps_run = steps_run + 1
       version = base_learner_steps + steps_run
       if version % config.broadcast_interval == 0:
         # The weights came back with the step: no second call, no variable reads.

@@ -60,14 +60,7 @@ def main(argv):
   cfg = validated_config()
   from impala_tf import driver  # pylint: disable=g-import-not-at-top
   stop = threading.Event()
-
-  def on_signal(signum, frame):
-    del frame
-    logging.info('Received signal %d: stopping cleanly.', signum)
-    stop.set()
-
-  signal.signal(signal.SIGTERM, on_signal)
-  signal.signal(signal.SIGINT, on_signal)
+  _stop_on_signals(stop)
   try:
     result = driver.train(cfg, stop_event=stop)
   except driver.TrainingError as e:
@@ -82,6 +75,39 @@ def main(argv):
         f'{"n/a" if ret is None else round(ret, 2)} wall_seconds='
         f'{m.get("wall_seconds", 0.0):.1f} logdir={result.logdir}', flush=True)
   _exit_now(0)
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+  """Sets `stop` on SIGINT and SIGTERM, within milliseconds.
+
+  A Python signal handler runs only when the main thread runs Python code; while
+  the learner waits inside a TensorFlow op for data that stalled actors do not
+  send, that is not until --learner_queue_timeout. So the handlers are also
+  reached through a wakeup fd: the C-level handler writes the signal number to a
+  pipe at once, and a thread reading it sets `stop`.
+  """
+  def on_signal(signum, frame):
+    del frame
+    if not stop.is_set():
+      logging.info('Received signal %d: stopping cleanly.', signum)
+    stop.set()
+
+  signal.signal(signal.SIGTERM, on_signal)
+  signal.signal(signal.SIGINT, on_signal)
+  read_fd, write_fd = os.pipe()
+  os.set_blocking(write_fd, False)
+  signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+  def watch():
+    while True:
+      received = os.read(read_fd, 64)
+      if not received:
+        return
+      for signum in received:
+        if signum in (signal.SIGINT, signal.SIGTERM):
+          on_signal(signum, None)
+
+  threading.Thread(target=watch, name='signal-watcher', daemon=True).start()
 
 
 def _exit_now(status: int) -> None:

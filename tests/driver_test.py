@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -184,6 +185,35 @@ def test_stop_event_from_another_thread_interrupts(tmp_path):
   _check_final_identity(final, config)
   _check_checkpoint(str(tmp_path), final)
   assert os.path.isdir(os.path.join(str(tmp_path), 'saved_policy'))
+
+
+def test_stop_while_the_actors_are_stalled_returns_within_seconds(tmp_path):
+  # Every env hangs at its step 3: no unroll ever reaches the learner, which
+  # waits in TensorFlow for a batch. A stop request must not wait for
+  # --learner_queue_timeout (and then fail); it ends the run cleanly.
+  config = testing.tiny_config(
+      logdir=str(tmp_path), env=testing.faulty_id('hang'),
+      learner_queue_timeout=120.0, total_environment_frames=10_000)
+  stop = threading.Event()
+  sent = []
+
+  def stopper():
+    deadline = time.time() + 120
+    while (not os.path.exists(os.path.join(str(tmp_path), 'config.json')) and
+           time.time() < deadline):
+      time.sleep(0.1)
+    time.sleep(3)  # The actor is hung and the learner waits for data.
+    sent.append(time.time())
+    stop.set()
+
+  threading.Thread(target=stopper, daemon=True).start()
+  result = driver.train(config, stop_event=stop)
+  took = time.time() - sent[0]
+  assert took < 20, took
+  assert result.interrupted and not result.reached_target
+  final = _read_metrics(str(tmp_path))[-1]
+  assert final['interrupted'] is True and final['learner_steps'] == 0, final
+  _check_checkpoint(str(tmp_path), final)  # A final checkpoint, 0 steps in it.
 
 
 def test_target_return_stops_early(tmp_path):

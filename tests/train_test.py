@@ -453,5 +453,39 @@ def test_signal_stops_cleanly(tmp_path, signum):
   assert not _processes_mentioning(logdir)
 
 
+def test_sigterm_while_the_actors_are_stalled_stops_within_seconds(tmp_path):
+  # Every env hangs at its step 3 (a sync vector env: no step timeout can end
+  # it), so the learner waits in TensorFlow for data that never comes; the Python
+  # signal handler alone would run only after --learner_queue_timeout.
+  logdir = str(tmp_path / 'run')
+  args = [a.replace('--num_envs_per_actor=4', '--num_envs_per_actor=2')
+          for a in TINY if not a.startswith('--env=')] + [
+              f'--env={testing.faulty_id("hang")}', '--env_vectorization=sync',
+              '--learner_queue_timeout=120', '--total_environment_frames=10000',
+              f'--logdir={logdir}']
+  log_path = tmp_path / 'run.log'
+  proc = _start(args, log_path)
+  try:
+    _wait_for(lambda: os.path.exists(os.path.join(logdir, 'config.json')), proc,
+              150, 'config.json')
+    time.sleep(3)  # The actor is hung; the learner waits for data.
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    took = time.time() - sent
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  log = log_path.read_text(encoding='utf-8')
+  assert proc.returncode == 0, log[-3000:]
+  assert took < 15, (took, log[-3000:])
+  assert f'{PROG}: done:' in log and 'Traceback' not in log
+  indexes = glob.glob(os.path.join(logdir, 'checkpoints', 'ckpt-*.index'))
+  assert indexes and max(os.path.getmtime(p) for p in indexes) >= sent - 0.01
+  last = _metrics(logdir)[-1]
+  assert last['final'] is True and last['interrupted'] is True
+  assert last['learner_steps'] == 0, last
+
+
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))

@@ -306,7 +306,8 @@ def make_env(env_id: str,
              episodic_life: bool = False,
              max_episode_frames: int = 108_000,
              use_lstm: bool = False,
-             repeat_action_probability: Optional[float] = None) -> gym.Env:
+             repeat_action_probability: Optional[float] = None,
+             render_mode: Optional[str] = None) -> gym.Env:
   """Makes one preprocessed env (what every slot of a vector env holds).
 
   Args:
@@ -318,6 +319,9 @@ def make_env(env_id: str,
     use_lstm: Atari: no frame stack (one channel).
     repeat_action_probability: Atari sticky-action probability; None keeps the
       id's registered value (0.25 for ALE/*-v5, 0.0 for *NoFrameskip-v4).
+    render_mode: passed to `gym.make`; 'rgb_array' makes `env.render()` return
+      the env's own RGB frame (uint8 `[H, W, 3]`; Atari: the full 210x160 screen,
+      not the 84x84 observation). The observations are the same either way.
 
   Returns:
     A `gymnasium.Env`. Atari observations are uint8 `[84, 84, C]`.
@@ -325,16 +329,18 @@ def make_env(env_id: str,
   spec = _spec(env_id)
   if spec is None:
     check_env_id(env_id)  # Raises with a suggestion.
+  render = {} if render_mode is None else {'render_mode': render_mode}
   if not is_atari(env_id):
     return gym.make(env_id,
-                    max_episode_steps=_episode_step_limit(spec, max_episode_frames))
+                    max_episode_steps=_episode_step_limit(spec, max_episode_frames),
+                    **render)
   # obs_type='grayscale': AtariPreprocessing reads the screen from the ALE
   # itself, so the base env need not render RGB frames it would throw away.
   kwargs = {'frameskip': 1, 'max_num_frames_per_episode': max_episode_frames,
             'obs_type': 'grayscale'}
   if repeat_action_probability is not None:
     kwargs['repeat_action_probability'] = repeat_action_probability
-  env = gym.make(env_id, **kwargs)
+  env = gym.make(env_id, **kwargs, **render)
   stack = 1 if use_lstm else frame_stack
   env = gym.wrappers.AtariPreprocessing(
       env, noop_max=noop_max, frame_skip=ATARI_FRAME_SKIP,
@@ -407,7 +413,8 @@ def make_vector_env(env_id: str,
                     use_lstm: bool = False,
                     repeat_action_probability: Optional[float] = None,
                     async_context: Optional[str] = None,
-                    backend: str = 'gymnasium') -> gym.vector.VectorEnv:
+                    backend: str = 'gymnasium',
+                    render_first: bool = False) -> gym.vector.VectorEnv:
   """Makes a seeded vector env of `num_envs` preprocessed envs.
 
   See the module docstring for the modes, the seeding rule (env i <- seed + i),
@@ -427,6 +434,10 @@ def make_vector_env(env_id: str,
       `envpool_env.resolve_backend`). With EnvPool the env is an
       `envpool_env.EnvPoolVectorEnv` (same interface, spaces and episode
       semantics; `vectorization` does not apply), seeded but not yet reset.
+    render_first: env 0 is made with `render_mode='rgb_array'`, so
+      `env.envs[0].render()` returns its RGB frame (`make_env`). The env is then
+      a gymnasium 'sync' vector env whatever `backend` and `vectorization` say
+      (EnvPool renders no frames); the observations are the same.
 
   Returns:
     A `gymnasium.vector.VectorEnv` with NEXT_STEP autoreset, already reset with
@@ -443,6 +454,8 @@ def make_vector_env(env_id: str,
     raise ConfigError('num_envs_per_actor', num_envs, 'must be an integer >= 1')
   num_envs = int(num_envs)
   check_env_id(env_id)
+  if render_first:
+    backend, vectorization = 'gymnasium', 'sync'
   if backend != 'gymnasium':
     from impala_tf import envpool_env  # pylint: disable=g-import-not-at-top
     if envpool_env.resolve_backend(backend, env_id, noop_max) == 'envpool':
@@ -464,6 +477,8 @@ def make_vector_env(env_id: str,
         episodic_life=episodic_life, max_episode_frames=max_episode_frames,
         use_lstm=use_lstm, repeat_action_probability=repeat_action_probability)
     env_fns = [env_fn] * num_envs
+    if render_first:
+      env_fns[0] = functools.partial(env_fn, render_mode='rgb_array')
     if mode == 'sync':
       env = gym.vector.SyncVectorEnv(env_fns,
                                      autoreset_mode=AutoresetMode.NEXT_STEP)

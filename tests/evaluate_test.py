@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import sys
 
+import gymnasium as gym
+import imageio.v3 as iio
 import numpy as np
 import pytest
 
 from impala_tf import checkpoints
 from impala_tf import driver
+from impala_tf import envpool_env
 from impala_tf import evaluate
 from impala_tf import testing
 
@@ -200,6 +203,141 @@ def test_sample_follows_the_softmax():
   actions = np.stack([evaluate._sample(logits, rng) for _ in range(2000)])
   assert abs(actions[:, 0].mean() - 0.8) < 0.05
   assert (actions[:, 1] == 0).all()
+
+
+def _decode(path):
+  """All frames of a video file: uint8 [N, H, W, 3]."""
+  if path.endswith('.gif'):
+    return np.asarray(iio.imread(path, index=None, plugin='pillow'))[..., :3]
+  return np.stack(list(iio.imiter(path, plugin='FFMPEG')))
+
+
+@pytest.fixture(scope='module')
+def cartpole_run(tmp_path_factory):
+  """A short CartPole run: a few hundred frames (the policy barely learned)."""
+  logdir = str(tmp_path_factory.mktemp('cartpole'))
+  driver.train(testing.tiny_config(env='CartPole-v1', logdir=logdir,
+                                   total_environment_frames=400))
+  return logdir
+
+
+def _render_size(env_id):
+  env = gym.make(env_id, render_mode='rgb_array')
+  try:
+    env.reset(seed=0)
+    return env.render().shape
+  finally:
+    env.close()
+
+
+def test_video_mp4_of_cartpole_decodes_one_frame_per_step(cartpole_run, tmp_path):
+  path = str(tmp_path / 'episode.mp4')
+  r = evaluate.evaluate(cartpole_run, num_episodes=3, greedy=True, video=path)
+  frames = _decode(path)
+  length = r['recorded_episode']['episode_length']
+  assert r['recorded_episode']['episode_return'] == float(length)  # 1 a step.
+  assert length in r['episode_lengths']
+  # One frame after the reset and one after each step of the episode.
+  assert frames.shape == (length + 1, *_render_size('CartPole-v1')), frames.shape
+  assert r['video_frames'] == length + 1
+  assert r['video'] == path and r['video_fps'] == 50.0  # CartPole's render_fps.
+  assert iio.immeta(path, plugin='FFMPEG')['fps'] == 50.0
+  # The env's own frames: the first is what CartPole (seed 0) draws after reset
+  # (H.264 is lossy: close, not equal); the cart moves, so frames differ.
+  env = gym.make('CartPole-v1', render_mode='rgb_array')
+  env.reset(seed=0)
+  first = env.render()
+  env.close()
+  assert np.abs(frames[0].astype(int) - first).mean() < 3
+  assert np.abs(frames[1].astype(int) - frames[-2]).mean() > 0.1
+  # The last frame carries the return as a caption at its top left: dark pixels
+  # where CartPole's sky is white.
+  assert frames[-1][:10, :10].mean() < 128 < frames[-2][:10, :10].mean()
+
+
+def test_video_gif_from_the_saved_model_by_the_cli(cartpole_run, tmp_path):
+  path = str(tmp_path / 'episode.gif')
+  result = _python(['-m', 'impala_tf.evaluate', f'--logdir={cartpole_run}',
+                    '--num_episodes=2', '--source=saved_model', f'--video={path}'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _own_stderr_lines(result.stderr) == [], result.stderr[-3000:]
+  r = _json_line(result.stdout)
+  assert r['source'] == 'saved_model' and r['video'] == path
+  length = r['recorded_episode']['episode_length']
+  assert r['video_frames'] == length + 1
+  assert re.search(rf'^{PROG}: video {re.escape(path)}: {length + 1} frames at 50 fps',
+                   result.stdout, re.M), result.stdout
+  frames = _decode(path)
+  assert frames.shape[1:] == _render_size('CartPole-v1')
+  # A GIF shows a repeated frame once, for longer: the duration is that of
+  # length + 1 frames at 50 fps (20 ms each).
+  assert 1 < len(frames) <= length + 1
+  durations = [iio.immeta(path, index=i, plugin='pillow')['duration']
+               for i in range(len(frames))]
+  assert sum(durations) == pytest.approx(20 * (length + 1))
+
+
+def test_video_needs_the_encoder_one_line_naming_the_extra(cartpole_run, tmp_path):
+  # imageio-ffmpeg made unimportable: a module of its name that raises.
+  blocker = tmp_path / 'blocker'
+  blocker.mkdir()
+  (blocker / 'imageio_ffmpeg.py').write_text(
+      "raise ImportError('No module named imageio_ffmpeg')\n")
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join([str(blocker), str(REPO),
+                                       env.get('PYTHONPATH', '')])
+  path = tmp_path / 'episode.mp4'
+  result = subprocess.run(
+      [sys.executable, '-m', 'impala_tf.evaluate', f'--logdir={cartpole_run}',
+       f'--video={path}'], cwd=REPO, env=env, capture_output=True, text=True,
+      timeout=180)
+  assert result.returncode == 2, (result.stdout, result.stderr[-3000:])
+  lines = _own_stderr_lines(result.stderr)
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f'{PROG}: error: --video={path}: '), lines[0]
+  assert 'imageio-ffmpeg' in lines[0] and "pip install 'impala_tf[video]'" in lines[0]
+  assert result.stdout == '' and not path.exists()
+
+
+def test_video_errors(run, tmp_path):
+  with pytest.raises(evaluate.VideoError, match=r'--video=x\.avi: must end in '
+                     r'\.mp4 or \.gif'):
+    evaluate.check_video_path('x.avi')
+  with pytest.raises(evaluate.VideoError, match='no such directory'):
+    evaluate.check_video_path(str(tmp_path / 'missing' / 'x.mp4'))
+  # The chain env draws nothing.
+  with pytest.raises(evaluate.VideoError, match='renders no RGB frames'):
+    evaluate.evaluate(run, num_episodes=1, video=str(tmp_path / 'chain.gif'))
+
+
+@pytest.fixture(scope='module')
+def atari_run(tmp_path_factory):
+  """A Pong run of a few thousand frames, episodes cut at 400 frames."""
+  pytest.importorskip('ale_py')
+  logdir = str(tmp_path_factory.mktemp('pong'))
+  driver.train(testing.tiny_config(
+      env='PongNoFrameskip-v4', logdir=logdir, total_environment_frames=2000,
+      max_episode_frames=400, num_envs_per_actor=2, batch_size=2))
+  return logdir
+
+
+@pytest.mark.parametrize('backend', ['gymnasium', 'envpool'])
+def test_video_of_an_atari_run_is_the_full_color_screen(atari_run, backend,
+                                                       tmp_path):
+  if backend == 'envpool' and not envpool_env.available():
+    pytest.skip('EnvPool is not installed')
+  # On an EnvPool run the frames come from gymnasium's ALE env.
+  path = str(tmp_path / 'pong.mp4')
+  r = evaluate.evaluate(atari_run, num_episodes=1, video=path,
+                        env_backend=backend)
+  frames = _decode(path)
+  # Truncated at 400 frames, the reset's random no-ops included: <= 100 steps.
+  length = r['recorded_episode']['episode_length']
+  assert 90 <= length <= 100
+  assert frames.shape == (length + 1, 210, 160, 3), frames.shape
+  assert r['video_fps'] == 15.0  # 60 Atari frames a second, 4 per step.
+  # Color: Pong's orange-brown field is not gray.
+  assert np.abs(frames[50].astype(int)[..., 0] - frames[50][..., 2]).mean() > 10
 
 
 if __name__ == '__main__':

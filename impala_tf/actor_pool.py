@@ -41,7 +41,6 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import actor as actor_lib
-from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import data
 from impala_tf import environments
@@ -112,14 +111,19 @@ def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
   env = environments.make_vector_env(
       config.env, config.num_envs_per_actor, seed,
       vectorization=config.env_vectorization, backend=config.env_backend,
-      **checkpoints.env_kwargs(config))
-  with tf.device('/cpu:0'):
-    net = networks.make_network(config, observation_space, action_space)
-  if rng is None:
-    rng = tf.random.Generator.from_seed(actor_rng_seed(config, actor_id))
-  return actor_lib.Actor(actor_id, env, net, broadcast, config.unroll_length, emit,
-                         episode_sink, seed, stop_event, rng=rng, env_id=config.env,
-                         step_timeout=config.env_step_timeout_secs)
+      **environments.env_kwargs(config))
+  try:
+    with tf.device('/cpu:0'):
+      net = networks.make_network(config, observation_space, action_space)
+    if rng is None:
+      rng = tf.random.Generator.from_seed(actor_rng_seed(config, actor_id))
+    return actor_lib.Actor(actor_id, env, net, broadcast, config.unroll_length,
+                           emit, episode_sink, seed, stop_event, rng=rng,
+                           env_id=config.env,
+                           step_timeout=config.env_step_timeout_secs)
+  except BaseException:
+    env.close()  # Its subprocesses (async envs) would outlive the failed build.
+    raise
 
 
 class RestartBudget:

@@ -45,34 +45,27 @@ import tensorflow as tf
 from impala_tf import config as config_lib
 from impala_tf import environments
 from impala_tf import networks
+from impala_tf import rundir
 from impala_tf import types
 
-CHECKPOINT_SUBDIR = 'checkpoints'
-CONFIG_FILE = 'config.json'
-SAVED_POLICY_SUBDIR = 'saved_policy'
-
-
-class RunDirError(ValueError):
-  """A run directory lacks what is asked of it (config.json, a checkpoint)."""
-
-
-class CheckpointMismatchError(RunDirError):
-  """The latest checkpoint does not fit the objects to restore (e.g. the network
-  flags changed between the run that wrote it and this one)."""
-
-
-class CheckpointUnreadableError(RunDirError):
-  """No checkpoint of a run directory can be read (all truncated or corrupted)."""
+# Names that live in `impala_tf.rundir` (the run directory's role), kept here for
+# the code that imports them from this module.
+CHECKPOINT_SUBDIR = rundir.CHECKPOINT_SUBDIR
+CONFIG_FILE = rundir.CONFIG_FILE
+SAVED_POLICY_SUBDIR = rundir.SAVED_POLICY_SUBDIR
+RunDirError = rundir.RunDirError
+CheckpointMismatchError = rundir.CheckpointMismatchError
+CheckpointUnreadableError = rundir.CheckpointUnreadableError
+check_logdir = rundir.check_logdir
+check_resume = rundir.check_resume
+resume_differences = rundir.resume_differences
+load_config = rundir.load_config
+env_kwargs = environments.env_kwargs
 
 
 def _checkpoint_number(prefix: str) -> int:
   match = re.search(r'-(\d+)$', prefix)
   return int(match.group(1)) if match else -1
-
-
-def _warn(message: str):
-  sys.stderr.write(f'impala_tf: warning: {" ".join(message.split())}\n')
-  sys.stderr.flush()
 
 
 class Checkpointer:
@@ -235,7 +228,7 @@ def _check_files(path: str) -> None:
 def _skip_unreadable(path: str, error: BaseException) -> str:
   """Warns in one line that `path` is skipped; returns `ckpt-N: reason`."""
   detail = _short(error)
-  _warn(f'checkpoint {path} cannot be read ({detail}); trying the previous one')
+  rundir.warn(f'checkpoint {path} cannot be read ({detail}); trying the previous one')
   return f'{os.path.basename(path)}: {detail}'
 
 
@@ -249,179 +242,9 @@ def _short(e: BaseException) -> str:
 # --- run directories ---------------------------------------------------------
 
 
-def load_config(logdir: str) -> config_lib.Config:
-  """The Config a run wrote to `logdir/config.json`.
-
-  Raises:
-    RunDirError: no such directory, no config.json, or a config.json that does not
-      parse into a valid Config.
-  """
-  if not os.path.isdir(logdir):
-    raise RunDirError(f'--logdir={logdir}: no such directory')
-  path = os.path.join(logdir, CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise RunDirError(f'--logdir={logdir}: has no {CONFIG_FILE}; is it the --logdir '
-                      'of an impala_tf.train run?')
-  try:
-    with open(path, encoding='utf-8') as f:
-      d = json.load(f)
-    if not isinstance(d, dict):
-      raise ValueError('not a JSON object')
-    if isinstance(d.get('mlp_hidden_sizes'), list):
-      d['mlp_hidden_sizes'] = tuple(d['mlp_hidden_sizes'])
-    return config_lib.Config.from_dict(d)
-  except ValueError as e:  # json.JSONDecodeError and ConfigError are ValueErrors.
-    raise RunDirError(f'{path}: not a valid impala_tf config: {e}') from None
-
-
 def latest_checkpoint(logdir: str) -> Optional[str]:
   """Path prefix of the newest checkpoint under `logdir/checkpoints`, or None."""
   return tf.train.latest_checkpoint(os.path.join(logdir, CHECKPOINT_SUBDIR))
-
-
-def env_kwargs(config: config_lib.Config) -> dict:
-  """The keyword arguments of `environments.make_vector_env` a Config implies."""
-  return dict(noop_max=config.noop_max, frame_stack=config.frame_stack,
-              episodic_life=config.episodic_life,
-              max_episode_frames=config.max_episode_frames,
-              use_lstm=config.use_lstm)
-
-
-def _flag_value(value) -> str:
-  if isinstance(value, bool):
-    return 'true' if value else 'false'
-  if isinstance(value, (list, tuple)):
-    return ','.join(str(v) for v in value)
-  return str(value)
-
-
-def _torso(network: str, observation_space) -> str:
-  """The torso `networks.make_network` builds for `network` ('auto' resolved)."""
-  if network != 'auto':
-    return network
-  return 'mlp' if len(observation_space.shape) == 1 else 'deep'
-
-
-def _spaces_key(obs_space, action_space):
-  return (tuple(obs_space.shape), str(obs_space.dtype), int(action_space.n))
-
-
-def resume_differences(saved: Dict[str, object], config: config_lib.Config,
-                       obs_space, action_space) -> List[Tuple[str, object, object]]:
-  """The shape-relevant flags in which `config` differs from a saved config.
-
-  Shape-relevant: what changes the variables a checkpoint holds, i.e. the torso
-  (`network`, with 'auto' resolved), `mlp_hidden_sizes` (mlp torso), `use_lstm`,
-  `lstm_size` (with an LSTM), `optimizer`, `rmsprop_momentum` being 0 or not (its
-  slot), and the env's spaces (`env`, `frame_stack`, `use_lstm` for Atari).
-
-  Args:
-    saved: the dict of a run's config.json (missing keys take Config's defaults).
-    config: this run's Config.
-    obs_space, action_space: this run's single-env spaces.
-
-  Returns:
-    (flag, saved value, value now) for each difference, in Config's field order.
-  """
-  defaults = config_lib.Config().to_dict()
-  old = lambda k: saved.get(k, defaults[k])
-  diffs = {}
-  def differ(field, old_value, new_value):
-    if old_value != new_value:
-      diffs[field] = (field, old_value, new_value)
-
-  old_obs, old_act = obs_space, action_space
-  space_fields = ('env', 'frame_stack', 'use_lstm')
-  if any(old(k) != getattr(config, k) for k in space_fields):
-    try:
-      old_cfg = config.replace(**{k: old(k) for k in space_fields})
-      old_obs, old_act = environments.env_spaces(old_cfg.env,
-                                                 **env_kwargs(old_cfg))
-    except Exception:  # pylint: disable=broad-except
-      old_obs = old_act = None  # The old env cannot be built here: compare ids.
-    if (old_obs is None or _spaces_key(old_obs, old_act) !=
-        _spaces_key(obs_space, action_space)):
-      for k in space_fields:
-        differ(k, old(k), getattr(config, k))
-      if old_obs is None:
-        old_obs = obs_space
-  old_torso = _torso(old('network'), old_obs)
-  new_torso = _torso(config.network, obs_space)
-  if old_torso != new_torso:
-    differ('network', old('network'), config.network)
-  if old_torso == new_torso == 'mlp':
-    differ('mlp_hidden_sizes', tuple(old('mlp_hidden_sizes')),
-           tuple(config.mlp_hidden_sizes))
-  differ('use_lstm', old('use_lstm'), config.use_lstm)
-  if old('use_lstm') and config.use_lstm:
-    differ('lstm_size', old('lstm_size'), config.lstm_size)
-  differ('optimizer', old('optimizer'), config.optimizer)
-  if old('optimizer') == config.optimizer == 'rmsprop':
-    if (old('rmsprop_momentum') > 0) != (config.rmsprop_momentum > 0):
-      diffs['rmsprop_momentum'] = ('rmsprop_momentum', old('rmsprop_momentum'),
-                                   config.rmsprop_momentum)
-  order = list(defaults)
-  return sorted(diffs.values(), key=lambda d: order.index(d[0]))
-
-
-def check_resume(config: config_lib.Config, obs_space, action_space) -> None:
-  """Refuses to resume a run whose checkpoints were written with other shapes.
-
-  Reads `config.logdir/config.json` when the logdir has checkpoint files; writes
-  nothing.
-
-  Raises:
-    CheckpointMismatchError: naming each differing flag with its saved value and
-      its value now (one line).
-  """
-  directory = os.path.join(config.logdir, CHECKPOINT_SUBDIR)
-  if not glob.glob(os.path.join(glob.escape(directory), 'ckpt-*')):
-    return
-  path = os.path.join(config.logdir, CONFIG_FILE)
-  try:
-    with open(path, encoding='utf-8') as f:
-      saved = json.load(f)
-  except (OSError, ValueError):
-    return  # No readable config.json: the checkpoint itself is checked on restore.
-  if not isinstance(saved, dict):
-    return
-  diffs = resume_differences(saved, config, obs_space, action_space)
-  if diffs:
-    what = '; '.join(f'--{k}={_flag_value(a)} there, {_flag_value(b)} now'
-                     for k, a, b in diffs)
-    raise CheckpointMismatchError(
-        f'cannot resume from the checkpoints in {directory}: they were written with '
-        f'other network or optimizer flags ({what}); rerun with the flags in {path} '
-        'or use a new --logdir')
-
-
-def check_logdir(logdir: str) -> None:
-  """Checks that `logdir` is (or can be made) a writable directory; writes nothing
-  that stays (a probe file is created and removed).
-
-  Raises:
-    ConfigError: for field 'logdir', saying why.
-  """
-  path = os.path.abspath(logdir)
-  existing = path
-  while not os.path.exists(existing):
-    parent = os.path.dirname(existing)
-    if parent == existing:
-      break
-    existing = parent
-  if not os.path.isdir(existing):
-    where = 'is a file' if existing == path else f'{existing} is a file'
-    raise config_lib.ConfigError(
-        'logdir', logdir, f'{where}, not a directory; use another --logdir')
-  try:
-    fd, probe = tempfile.mkstemp(prefix='.impala_tf_probe_', dir=existing)
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
-    raise config_lib.ConfigError(
-        'logdir', logdir,
-        f'cannot be written ({existing}: {e.strerror or e}); use another --logdir '
-        'or fix its permissions') from None
 
 
 def build_network(config: config_lib.Config) -> networks.AgentNetwork:
@@ -535,7 +358,7 @@ class _Policy(tf.Module):
 
 
 def save_policy(network, path: str):
-  """Writes a SavedModel of `network`'s policy to `path` (replaced if it exists).
+  """Writes a SavedModel of `network`'s policy to `path` (replaced atomically).
 
   Its `serving_default` signature maps a batch of observations `[B, *obs_shape]`
   (the env's dtype: float32 vectors, uint8 images) to `{'action': int32 [B]
@@ -555,7 +378,10 @@ def save_policy(network, path: str):
   signatures = {'serving_default': policy.serve}
   if policy.num_state:
     signatures['initial_state'] = policy.initial_state
-  tf.saved_model.save(policy, path, signatures=signatures)
+  # Written beside `path`, then renamed into place: a reader (or a run killed
+  # mid-export) never finds a half-written SavedModel there.
+  rundir.replace_dir_atomic(
+      path, lambda tmp: tf.saved_model.save(policy, tmp, signatures=signatures))
 
 
 def _plain_copy(network):
@@ -568,7 +394,9 @@ def _plain_copy(network):
         network.observation_shape, network.observation_dtype, network.num_actions,
         torso=network.torso_name, mlp_hidden_sizes=hidden or (64,),
         use_lstm=network.use_lstm, lstm_size=network.lstm_size,
-        spaces=network.torso.spaces if user else None)
+        spaces=network.torso.spaces if user else None,
+        popart=network.popart is not None,
+        shared_torso=network.value_torso is None)
   if len(copy.variables) != len(network.variables):
     raise ValueError(f'cannot copy network {network.name}: {len(network.variables)} '
                      f'variables, the rebuilt copy has {len(copy.variables)}')

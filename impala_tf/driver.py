@@ -34,6 +34,7 @@ from impala_tf import losses
 from impala_tf import metrics as metrics_lib
 from impala_tf import networks
 from impala_tf import replay as replay_lib
+from impala_tf import rundir
 
 
 # Seconds a stop request waits for the learner loop to reach the end of its reuse
@@ -82,12 +83,6 @@ def _last_metrics(logdir: str) -> Dict[str, object]:
     return {}
 
 
-def _prepare_logdir(config: config_lib.Config):
-  os.makedirs(config.logdir, exist_ok=True)
-  with open(os.path.join(config.logdir, 'config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json() + '\n')
-
-
 def train(config: config_lib.Config,
           stop_event: Optional[threading.Event] = None,
           on_metrics: Optional[Callable[[Dict[str, object]], None]] = None
@@ -109,19 +104,25 @@ def train(config: config_lib.Config,
       be written, or its checkpoints do not fit this config or cannot be read. The
       message is one line.
   """
+  lock = rundir.LogdirLock(config.logdir)
   try:
-    checkpoints.check_logdir(config.logdir)
+    rundir.check_logdir(config.logdir)
+    lock.acquire()  # One run per logdir, held until this call returns.
   except config_lib.ConfigError as e:
     raise TrainingError(f'--{e}') from None
-  distribute.configure_devices(config.num_virtual_cpu_devices, config.num_gpus)
-  run = _Run(config, stop_event or threading.Event(), on_metrics)
-  if run.restored and run.base_env_frames >= config.total_environment_frames:
-    print(f'impala_tf: {run.restored} already has env_frames={run.base_env_frames} '
-          f'>= total_environment_frames={config.total_environment_frames}; nothing '
-          'to train (raise --total_environment_frames to continue)', flush=True)
-    run.save_policy()
-    return RunResult(_last_metrics(config.logdir), config.logdir, False, False)
-  return run.train()
+  try:
+    distribute.configure_devices(config.num_virtual_cpu_devices, config.num_gpus)
+    run = _Run(config, stop_event or threading.Event(), on_metrics)
+    if run.restored and run.base_env_frames >= config.total_environment_frames:
+      print(f'impala_tf: {run.restored} already has env_frames='
+            f'{run.base_env_frames} >= total_environment_frames='
+            f'{config.total_environment_frames}; nothing to train (raise '
+            '--total_environment_frames to continue)', flush=True)
+      run.save_policy()
+      return RunResult(_last_metrics(config.logdir), config.logdir, False, False)
+    return run.train()
+  finally:
+    lock.release()
 
 
 class _Window:
@@ -172,14 +173,17 @@ class _Run:
     self.on_metrics = on_metrics
     self.internal_stop = threading.Event()
     self.start_time = time.time()
-    env_kwargs = checkpoints.env_kwargs(config)
+    env_kwargs = environments.env_kwargs(config)
     self.obs_space, self.action_space = environments.env_spaces(config.env,
                                                                 **env_kwargs)
     self.repeat = environments.action_repeat(config.env)
     try:  # Before anything is built or written.
-      checkpoints.check_resume(config, self.obs_space, self.action_space)
-    except checkpoints.CheckpointMismatchError as e:
+      learning_changes = rundir.check_resume(config, self.obs_space,
+                                             self.action_space)
+    except rundir.RunDirError as e:
       raise TrainingError(str(e)) from None
+    if learning_changes:
+      rundir.warn(rundir.learning_warning(learning_changes))
     self.strategy = distribute.get_strategy(config.num_gpus,
                                             config.num_virtual_cpu_devices)
     self.learner = learner_lib.Learner(
@@ -224,7 +228,7 @@ class _Run:
       raise TrainingError(str(e)) from None
     if restored:
       self.resumes.assign_add(1)
-    _prepare_logdir(self.config)  # After the restore: a mismatch keeps config.json.
+    rundir.write_config(self.config)  # After the restore: a mismatch keeps it.
     if restored:
       frames = int(self.run_state.env_frames.numpy())
       steps = int(self.learner.learner_steps.numpy())

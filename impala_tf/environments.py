@@ -569,3 +569,12 @@ def env_spaces(env_id: str,
     return env.observation_space, env.action_space
   finally:
     env.close()
+
+
+def env_kwargs(config) -> dict:
+  """The keyword arguments of `make_vector_env` (and `env_spaces`) that an
+  `impala_tf.config.Config` implies, besides its `env` id."""
+  return dict(noop_max=config.noop_max, frame_stack=config.frame_stack,
+              episodic_life=config.episodic_life,
+              max_episode_frames=config.max_episode_frames,
+              use_lstm=config.use_lstm)

@@ -44,8 +44,9 @@ def validated_config() -> config_lib.Config:
     if config_lib.is_user_network(cfg.network):
       from impala_tf import networks  # pylint: disable=g-import-not-at-top
       networks.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
-    from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
-    checkpoints.check_logdir(cfg.logdir)
+    from impala_tf import rundir  # pylint: disable=g-import-not-at-top
+    rundir.check_logdir(cfg.logdir)
+    rundir.check_not_locked(cfg.logdir)  # Also taken by the run; this is quick.
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top
     distribute.check_gpus(cfg.num_gpus)
     return cfg

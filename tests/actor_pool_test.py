@@ -144,5 +144,29 @@ def test_make_actor_builds_the_configured_actor():
   np.testing.assert_array_equal(chunk['unroll_id'], 2**40 + np.arange(3))
 
 
+def test_make_actor_closes_its_env_when_the_network_build_fails(monkeypatch):
+  config = testing.tiny_config()
+  obs_space, action_space = environments.env_spaces(config.env)
+  made = []
+  real_make = environments.make_vector_env
+
+  def make_vector_env(*args, **kwargs):
+    env = real_make(*args, **kwargs)
+    made.append(env)
+    return env
+
+  def broken_network(*unused_args):
+    raise ValueError('torso build failed')
+
+  monkeypatch.setattr(environments, 'make_vector_env', make_vector_env)
+  monkeypatch.setattr(networks, 'make_network', broken_network)
+  from impala_tf import actor as actor_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match='torso build failed'):
+    actor_pool.make_actor(config, 0, 0, obs_space, action_space,
+                          actor_lib.ParameterBroadcast(), None, lambda e: None,
+                          threading.Event())
+  assert len(made) == 1 and made[0].closed
+
+
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))

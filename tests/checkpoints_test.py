@@ -196,7 +196,10 @@ def _spaces(cfg):
     (dict(network='deep', env=testing.FAKE_IMAGE_ID,
           saved_env=testing.FAKE_IMAGE_ID), []),  # 'auto' is deep for images.
     (dict(lstm_size=32), []),  # No LSTM: its size does not matter.
-    (dict(learning_rate=0.5, seed=7, env=testing.faulty_id('nan_reward')), []),
+    (dict(learning_rate=0.5, seed=7), []),  # Learning flags: a warning, elsewhere.
+    # Another env with the same spaces: refused too.
+    (dict(env=testing.faulty_id('nan_reward')),
+     [('env', testing.CHAIN_ID, testing.faulty_id('nan_reward'))]),
 ])
 def test_resume_differences(change, expected):
   change = dict(change)
@@ -216,7 +219,7 @@ def test_check_resume_names_flags_and_values(tmp_path):
     checkpoints.check_resume(cfg, *_spaces(cfg))
   assert str(e.value) == (
       f'cannot resume from the checkpoints in {tmp_path / "checkpoints"}: they were '
-      'written with other network or optimizer flags (--optimizer=adam there, '
+      'written with other env, network or optimizer flags (--optimizer=adam there, '
       'rmsprop now; --mlp_hidden_sizes=16 there, 16,16 now); rerun with the flags '
       f'in {tmp_path / "config.json"} or use a new --logdir')
   checkpoints.check_resume(saved.replace(learning_rate=0.1), *_spaces(cfg))

@@ -287,6 +287,56 @@ def test_resume_refuses_changed_shapes_and_touches_nothing(finished_run, change,
   assert _snapshot(finished_run.logdir) == before
 
 
+def test_resume_with_another_env_is_refused_and_touches_nothing(finished_run):
+  before = _snapshot(finished_run.logdir)
+  other = testing.faulty_id('nan_reward')  # The same spaces as the chain env.
+  with pytest.raises(driver.TrainingError) as e:
+    driver.train(finished_run.replace(total_environment_frames=10_000, env=other))
+  assert f'(--env={testing.CHAIN_ID} there, {other} now); rerun' in str(e.value)
+  assert _snapshot(finished_run.logdir) == before
+
+
+def test_resume_with_an_unreadable_config_json_is_refused(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  driver.train(config)
+  with open(os.path.join(str(tmp_path), 'config.json'), 'w', encoding='utf-8') as f:
+    f.write('{"env": ')  # Cut short.
+  before = _snapshot(str(tmp_path))
+  with pytest.raises(driver.TrainingError) as e:
+    driver.train(config.replace(total_environment_frames=400))
+  assert '\n' not in str(e.value)
+  assert 'config.json cannot be read (' in str(e.value), str(e.value)
+  assert _snapshot(str(tmp_path)) == before
+
+
+def test_resume_with_changed_learning_flags_warns_in_one_line(tmp_path, capfd):
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  driver.train(config)
+  capfd.readouterr()
+  result = driver.train(config.replace(total_environment_frames=400,
+                                       discounting=0.9, baseline_cost=0.25))
+  assert result.metrics['env_frames'] >= 400
+  warnings = [l for l in capfd.readouterr().err.splitlines()
+              if l.startswith('impala_tf: warning:')]
+  assert warnings == [
+      'impala_tf: warning: resuming with other learning flags than the run that '
+      'wrote the checkpoints (--discounting=0.99 there, 0.9 now; --baseline_cost=0.5 '
+      'there, 0.25 now; --total_environment_frames=200 there, 400 now); the rest '
+      'of the run learns with the new values'], warnings
+
+
+def test_second_run_on_a_busy_logdir_is_refused(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path))
+  from impala_tf import rundir  # pylint: disable=g-import-not-at-top
+  with rundir.LogdirLock(str(tmp_path)):
+    with pytest.raises(driver.TrainingError) as e:
+      driver.train(config)
+  assert str(e.value).startswith(f'--logdir={tmp_path}: is in use by another run '
+                                 f'(pid {os.getpid()})'), str(e.value)
+  assert os.listdir(str(tmp_path)) == ['.impala_tf.lock']  # Nothing else written.
+  driver.train(config)  # Released: trains.
+
+
 def test_resumed_run_draws_fresh_env_seeds(tmp_path, monkeypatch):
   seeds, first_obs = [], []
   make = driver.environments.make_vector_env
@@ -358,13 +408,15 @@ def test_non_finite_env_data_stops_the_run_after_the_restart_limit(tmp_path):
 
 
 def test_non_finite_updates_stop_the_run_keeping_the_last_checkpoint(tmp_path):
-  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  # Rewards so large that every loss overflows to inf, unless clipped.
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200,
+                               env=testing.faulty_id('huge_reward'),
+                               reward_clipping='abs_one')
   driver.train(config)
   before = _snapshot(str(tmp_path))
-  del before['config.json']  # Rewritten (same shapes, another env id).
-  # Same spaces, but rewards so large that every loss overflows to inf.
-  huge = config.replace(env=testing.faulty_id('huge_reward'),
-                        total_environment_frames=10_000, max_nonfinite_updates=3)
+  del before['config.json']  # Rewritten (another --reward_clipping).
+  huge = config.replace(reward_clipping='none', total_environment_frames=10_000,
+                        max_nonfinite_updates=3)
   with pytest.raises(driver.TrainingError) as e:
     driver.train(huge)
   message = str(e.value)
@@ -395,7 +447,7 @@ def test_run_resumes_from_the_newest_readable_checkpoint(tmp_path, capfd):
   capfd.readouterr()
   third = driver.train(config.replace(total_environment_frames=600)).metrics
   warnings = [l for l in capfd.readouterr().err.splitlines()
-              if l.startswith('impala_tf: warning:')]
+              if l.startswith('impala_tf: warning: checkpoint')]
   assert len(warnings) == 1
   assert warnings[0].startswith(f'impala_tf: warning: checkpoint {newest} cannot be '
                                 'read ('), warnings[0]

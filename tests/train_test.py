@@ -408,6 +408,37 @@ def test_hung_async_env_is_restarted(tmp_path):
   assert time.time() - start < 300
 
 
+def test_second_run_on_a_busy_logdir_is_refused_while_the_first_runs(tmp_path):
+  logdir = str(tmp_path / 'run')
+  args = TINY + [f'--logdir={logdir}', '--total_environment_frames=100000000']
+  first = _start(args, tmp_path / 'first.log')
+  try:
+    _wait_for(lambda: _metrics(logdir), first, 150, 'a metrics line')
+    start = time.time()
+    second = _run(args, timeout=60)
+    took = time.time() - start
+    running = first.poll() is None
+    first.send_signal(signal.SIGINT)  # The first stops cleanly, as it would anyway.
+    first.wait(timeout=60)
+  finally:
+    if first.poll() is None:
+      first.kill()
+  assert running, 'the first run ended before the second was refused'
+  assert second.returncode == 2, second.stderr[-3000:]
+  assert took < 30, took
+  assert _own_stderr_lines(second.stderr) == [
+      f'{PROG}: error: --logdir={logdir}: is in use by another run (pid '
+      f'{first.pid}); wait for it to finish, stop it, or use another --logdir'
+  ], second.stderr
+  log = (tmp_path / 'first.log').read_text(encoding='utf-8')
+  assert first.returncode == 0, log[-3000:]
+  assert _metrics(logdir)[-1]['final'] is True
+  # The first run is over: the logdir is free again.
+  again = _run(TINY + [f'--logdir={logdir}', '--total_environment_frames=1000'])
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'nothing to train' in again.stdout
+
+
 # --- SIGINT / SIGTERM ---------------------------------------------------------------
 
 

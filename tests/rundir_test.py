@@ -1,0 +1,179 @@
+"""Tests of impala_tf.rundir: the logdir lock, atomic writes, resume checks."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from impala_tf import config as config_lib
+from impala_tf import environments
+from impala_tf import rundir
+from impala_tf import testing
+
+
+def _spaces(cfg):
+  return environments.env_spaces(cfg.env, **environments.env_kwargs(cfg))
+
+
+# --- the lock ---------------------------------------------------------------------
+
+
+def test_second_lock_on_a_logdir_is_refused_naming_the_holder(tmp_path):
+  logdir = str(tmp_path / 'run')
+  rundir.check_not_locked(logdir)  # Nothing there yet; creates nothing.
+  assert not os.path.exists(logdir)
+  with rundir.LogdirLock(logdir):
+    with pytest.raises(config_lib.ConfigError) as e:
+      rundir.LogdirLock(logdir).acquire()
+    assert str(e.value) == (
+        f'logdir={logdir}: is in use by another run (pid {os.getpid()}); wait for '
+        'it to finish, stop it, or use another --logdir')
+    with pytest.raises(config_lib.ConfigError, match='is in use by another run'):
+      rundir.check_not_locked(logdir)
+  rundir.check_not_locked(logdir)  # Released.
+  with rundir.LogdirLock(logdir):
+    pass
+
+
+def test_lock_of_a_killed_run_does_not_stay(tmp_path):
+  logdir = str(tmp_path / 'run')
+  code = ('import sys, time; from impala_tf import rundir; '
+          f'rundir.LogdirLock({logdir!r}).acquire(); print("locked", flush=True); '
+          'time.sleep(600)')
+  proc = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE,
+                          text=True)
+  try:
+    assert proc.stdout.readline().strip() == 'locked'
+    with pytest.raises(config_lib.ConfigError, match=f'pid {proc.pid}'):
+      rundir.check_not_locked(logdir)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  rundir.check_not_locked(logdir)
+  with rundir.LogdirLock(logdir):
+    pass
+
+
+# --- atomic writes ------------------------------------------------------------------
+
+
+def test_write_text_atomic_replaces_and_leaves_no_temp(tmp_path):
+  path = str(tmp_path / 'config.json')
+  rundir.write_text_atomic(path, 'one\n')
+  rundir.write_text_atomic(path, 'two\n')
+  assert open(path, encoding='utf-8').read() == 'two\n'
+  assert os.listdir(tmp_path) == ['config.json']
+  umask = os.umask(0o022)
+  os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # Not mkstemp's 0o600.
+
+
+def test_replace_dir_atomic_keeps_the_old_dir_when_writing_fails(tmp_path):
+  path = str(tmp_path / 'saved_policy')
+
+  def write(text):
+    def fill(directory):
+      with open(os.path.join(directory, 'model'), 'w', encoding='utf-8') as f:
+        f.write(text)
+    return fill
+
+  rundir.replace_dir_atomic(path, write('v1'))
+  def fail(directory):
+    write('half')(directory)
+    raise RuntimeError('disk full')
+  with pytest.raises(RuntimeError):
+    rundir.replace_dir_atomic(path, fail)
+  assert open(os.path.join(path, 'model'), encoding='utf-8').read() == 'v1'
+  rundir.replace_dir_atomic(path, write('v2'))
+  assert open(os.path.join(path, 'model'), encoding='utf-8').read() == 'v2'
+  assert os.listdir(tmp_path) == ['saved_policy']  # No temp or old dir left.
+
+
+def test_write_config_is_what_load_config_reads(tmp_path):
+  cfg = testing.tiny_config(logdir=str(tmp_path / 'run'))
+  rundir.write_config(cfg)
+  assert rundir.load_config(cfg.logdir) == cfg
+  assert sorted(os.listdir(cfg.logdir)) == ['config.json']
+
+
+# --- resume -------------------------------------------------------------------------
+
+
+def _saved_run(tmp_path, **overrides):
+  """A logdir with config.json of tiny_config(**overrides) and a checkpoint file."""
+  cfg = testing.tiny_config(logdir=str(tmp_path), **overrides)
+  rundir.write_config(cfg)
+  os.makedirs(tmp_path / 'checkpoints')
+  (tmp_path / 'checkpoints' / 'ckpt-1.index').write_bytes(b'')
+  return cfg
+
+
+def test_resume_with_another_env_of_the_same_spaces_is_refused(tmp_path):
+  saved = _saved_run(tmp_path)
+  other = saved.replace(env=testing.faulty_id('nan_reward'))  # Same spaces.
+  assert _spaces(other)[0] == _spaces(saved)[0]
+  with pytest.raises(rundir.CheckpointMismatchError) as e:
+    rundir.check_resume(other, *_spaces(other))
+  assert str(e.value) == (
+      f'cannot resume from the checkpoints in {tmp_path / "checkpoints"}: they were '
+      'written with other env, network or optimizer flags '
+      f'(--env={testing.CHAIN_ID} there, {testing.faulty_id("nan_reward")} now); '
+      f'rerun with the flags in {tmp_path / "config.json"} or use a new --logdir')
+
+
+@pytest.mark.parametrize('content', [b'{"env": ', b'[1, 2]', b'\xff\xfe'],
+                         ids=['truncated', 'not_an_object', 'not_utf8'])
+def test_resume_with_an_unreadable_config_json_is_refused(tmp_path, content):
+  saved = _saved_run(tmp_path)
+  (tmp_path / 'config.json').write_bytes(content)
+  with pytest.raises(rundir.RunDirError) as e:
+    rundir.check_resume(saved, *_spaces(saved))
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith(
+      f'cannot resume from the checkpoints in {tmp_path / "checkpoints"}: '
+      f'{tmp_path / "config.json"} cannot be read ('), message
+  assert (tmp_path / 'config.json').read_bytes() == content
+
+
+def test_resume_without_config_json_or_checkpoints_is_not_refused(tmp_path):
+  cfg = testing.tiny_config(logdir=str(tmp_path))
+  assert rundir.check_resume(cfg, *_spaces(cfg)) == []  # Nothing to resume.
+  _saved_run(tmp_path)
+  os.remove(tmp_path / 'config.json')
+  assert rundir.check_resume(cfg, *_spaces(cfg)) == []
+
+
+def test_changed_learning_flags_are_returned_for_a_warning(tmp_path):
+  saved = _saved_run(tmp_path, lr_schedule='linear')
+  cfg = saved.replace(discounting=0.9, entropy_cost=0.05, seed=9,
+                      total_environment_frames=800, log_interval_secs=2.0)
+  diffs = rundir.check_resume(cfg, *_spaces(cfg))
+  assert diffs == [('discounting', 0.99, 0.9), ('entropy_cost', 0.01, 0.05),
+                   ('total_environment_frames', 400, 800)]
+  assert rundir.learning_warning(diffs) == (
+      'resuming with other learning flags than the run that wrote the checkpoints '
+      '(--discounting=0.99 there, 0.9 now; --entropy_cost=0.01 there, 0.05 now; '
+      '--total_environment_frames=400 there, 800 now); the rest of the run learns '
+      'with the new values')
+
+
+def test_frame_budget_is_a_learning_flag_only_under_a_decaying_schedule(tmp_path):
+  saved = testing.tiny_config(lr_schedule='constant').to_dict()
+  more = testing.tiny_config(lr_schedule='constant', total_environment_frames=800)
+  assert rundir.learning_differences(saved, more) == []
+  assert rundir.learning_differences(
+      saved, more.replace(reward_clipping='abs_one', baseline_cost=1.0)) == [
+          ('baseline_cost', 0.5, 1.0), ('reward_clipping', 'none', 'abs_one')]
+  linear = dict(saved, entropy_cost_schedule='linear')
+  assert rundir.learning_differences(
+      linear, more.replace(entropy_cost_schedule='linear')) == [
+          ('total_environment_frames', 400, 800)]
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

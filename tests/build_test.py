@@ -37,7 +37,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = 'impala_tf'
 PACKAGE_TARGET = 'impala_tf'  # py_library for impala_tf/__init__.py
-ENTRY_POINTS = ('train', 'evaluate', 'export')
+ENTRY_POINTS = ('train', 'evaluate', 'export', 'plot')
 BINARY_SUFFIX = '_bin'
 # Spelled so that this file's own strings do not look like a read of testdata/.
 TESTDATA_TARGET = ''.join(('test', 'data'))
@@ -465,7 +465,7 @@ def check_build(build_text: str, repo_root) -> List[str]:
 
 # Layering rules from DESIGN.md ("Imports run one way").
 LEAVES = ('config', 'types')
-FLAGS_ALLOWED = ('train', 'evaluate', 'export', 'flags')
+FLAGS_ALLOWED = ('train', 'evaluate', 'export', 'plot', 'flags')
 _FORBIDDEN = [  # (module, must not reach, why)
     ('vtrace', 'networks', 'vtrace and losses know no network'),
     ('losses', 'networks', 'vtrace and losses know no network'),

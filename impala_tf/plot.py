@@ -1,0 +1,391 @@
+"""Learning curves without TensorBoard: `python -m impala_tf.plot DIR [DIR ...]`.
+
+    python -m impala_tf.plot /tmp/run_a /tmp/run_b --output=curve.png
+        [--x=frames|hours] [--random=auto|none|R] [--target=T] [--title=TEXT]
+        [--env=ID] [--label=A --label=B]
+
+Draws the 100-episode mean return (`episode_return_mean` of `metrics.jsonl`) against
+env frames (`--x=hours`: wall-clock hours) into a PNG, and prints one JSON object
+that summarises what it drew. Each argument is a run directory (its `metrics.jsonl`,
+and `config.json` when there is one) or a `metrics.jsonl` file itself.
+
+* Runs whose `config.json` differ only in `--seed` (and `--logdir`) are repeated
+  seeds of the same flags: they are drawn as one line, the mean over the seeds, with
+  a shaded band from the lowest to the highest seed (over the frames all of them
+  reached). Every other run is a line of its own. The legend names a line by the
+  flags in which it differs from the other lines (or by its directory), with the
+  number of seeds; `--label` (repeated, one per line) replaces those names.
+* Random play (`--random=auto`: the score of uniformly random actions in a table
+  of known envs, `RANDOM_SCORES`; or a number; `none` draws nothing) and
+  `--target` (default: the runs' `--target_return` when they share one) are
+  dashed horizontal lines.
+* The title names the env and the frames (`PongNoFrameskip-v4, 11.2M env
+  frames`); `--title` replaces it. `--env` names the env of runs without a
+  config.json.
+
+The summary has, per run: `path`, `label`, `env`, `points` (lines with a return),
+`first_return_mean`, `last_return_mean`, `best_return_mean`, `env_frames`,
+`wall_hours`, `episodes`; per line (`lines`): `label`, `runs`, `last_return_mean`
+(mean over its seeds) and the band's `last_return_min` / `last_return_max`; and
+`output`, `x`, `random`, `target`, `title`.
+
+Needs matplotlib: `pip install 'impala_tf[plot]'`. Errors (no metrics.jsonl, no
+returns in it, no matplotlib, a bad flag) end the program with exit status 2 and one
+line on stderr. This module imports neither TensorFlow nor the rest of impala_tf's
+training code.
+"""
+
+import json
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from impala_tf import flags as flags_lib
+
+PROG = 'impala_tf.plot'
+PLOT_INSTALL_HINT = "pip install 'impala_tf[plot]'"
+X_AXES = ('frames', 'hours')
+# Flags that do not make runs different experiments.
+_NOT_EXPERIMENT_FLAGS = frozenset(('seed', 'logdir'))
+_BAND_POINTS = 200
+
+# Mean return of uniformly random actions. Atari: the "random" column of Mnih et
+# al. 2015 (Nature, Extended Data Table 2), matched by game name in any id
+# ('PongNoFrameskip-v4', 'ALE/Pong-v5'). CartPole-v1: the mean of 10,000 episodes of
+# uniformly random actions (env i reset with seed i, actions from
+# numpy.random.default_rng(0)): 22.2 (standard error 0.1).
+RANDOM_SCORES = {
+    'CartPole-v1': 22.2,
+    'Alien': 227.8, 'Amidar': 5.8, 'Assault': 222.4, 'Asterix': 210.0,
+    'Asteroids': 719.1, 'Atlantis': 12850.0, 'BankHeist': 14.2,
+    'BattleZone': 2360.0, 'BeamRider': 363.9, 'Bowling': 23.1, 'Boxing': 0.1,
+    'Breakout': 1.7, 'Centipede': 2091.0, 'Enduro': 0.0, 'Freeway': 0.0,
+    'Gravitar': 173.0, 'MontezumaRevenge': 0.0, 'MsPacman': 307.3, 'Pong': -20.7,
+    'PrivateEye': 24.9, 'Qbert': 163.9, 'Seaquest': 68.4, 'SpaceInvaders': 148.0,
+    'Venture': 0.0,
+}
+
+
+class PlotError(ValueError):
+  """A run cannot be read or drawn; the message is one line."""
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the plot flags (not at import: importing defines no flags)."""
+  def define(fn, name, *args, **kwargs):
+    if name not in flag_values:
+      fn(name, *args, flag_values=flag_values, **kwargs)
+
+  define(flags.DEFINE_string, 'output', None, 'The PNG to write. Required.')
+  define(flags.DEFINE_enum, 'x', 'frames', list(X_AXES),
+         "x axis: 'frames' (env frames) or 'hours' (wall-clock hours).")
+  define(flags.DEFINE_string, 'random', 'auto',
+         "Return of random play, drawn dashed: 'auto' (RANDOM_SCORES, when the "
+         "env is in it), 'none', or a number.")
+  define(flags.DEFINE_float, 'target', None,
+         "A target return, drawn dashed; default: the runs' --target_return "
+         'when they share one.')
+  define(flags.DEFINE_string, 'title', None,
+         "The title; default: the env and the frames ('Pong..., 11.2M env "
+         "frames').")
+  define(flags.DEFINE_string, 'env', None,
+         'The env id of runs without a config.json (a bare metrics.jsonl).')
+  define(flags.DEFINE_multi_string, 'label', None,
+         'Legend name of a line; repeat it, one per line in the order of the '
+         'arguments (repeated seeds of the same flags are one line).')
+
+
+def _random_score(env: Optional[str]) -> Optional[float]:
+  if not env:
+    return None
+  if env in RANDOM_SCORES:
+    return RANDOM_SCORES[env]
+  name = env.split(':')[-1].split('/')[-1]  # 'ALE/Pong-v5' -> 'Pong-v5'.
+  name = re.sub(r'(NoFrameskip|Deterministic)?-v\d+$', '', name)
+  return RANDOM_SCORES.get(name)
+
+
+def read_run(path: str, env: Optional[str] = None) -> Dict[str, object]:
+  """Reads a run directory or a metrics.jsonl file.
+
+  Args:
+    path: a run directory, or a metrics.jsonl file.
+    env: the env id when the run has no config.json.
+
+  Returns:
+    dict: `path`, `config` (config.json as a dict, or {}), `env`, `frames`,
+    `hours`, `returns` (float64 `[N]` numpy arrays of the lines that have a return),
+    `wall_hours`, `env_frames` and `episodes` (of the last line).
+
+  Raises:
+    PlotError: no metrics.jsonl, an unreadable one, or no episode return in it.
+  """
+  if os.path.isdir(path):
+    metrics_path = os.path.join(path, 'metrics.jsonl')
+    config_path = os.path.join(path, 'config.json')
+  else:
+    metrics_path = path
+    config_path = os.path.join(os.path.dirname(path), 'config.json')
+    if os.path.basename(path) != 'metrics.jsonl':
+      config_path = None  # A renamed copy (docs/pong_metrics.jsonl): no config.
+  if not os.path.isfile(metrics_path):
+    raise PlotError(f'{path}: no such run directory or metrics.jsonl'
+                    if not os.path.exists(path) else f'{path}: has no metrics.jsonl')
+  lines = []
+  with open(metrics_path, encoding='utf-8') as f:
+    for number, text in enumerate(f, 1):
+      if not text.strip():
+        continue
+      try:
+        lines.append(json.loads(text))
+      except ValueError:
+        raise PlotError(f'{metrics_path}:{number}: not a JSON line') from None
+  config = {}
+  if config_path and os.path.isfile(config_path):
+    with open(config_path, encoding='utf-8') as f:
+      config = json.load(f)
+  points = [l for l in lines if l.get('episode_return_mean') is not None and
+            l.get('env_frames') is not None]
+  if not points:
+    raise PlotError(f'{metrics_path}: has no episode_return_mean yet (no episode '
+                    'has finished)')
+  last = lines[-1]
+  return {
+      'path': path,
+      'config': config,
+      'env': config.get('env') or env,
+      'frames': np.array([p['env_frames'] for p in points], np.float64),
+      'hours': np.array([p.get('wall_seconds', 0.0) / 3600 for p in points],
+                        np.float64),
+      'returns': np.array([p['episode_return_mean'] for p in points], np.float64),
+      'env_frames': int(last.get('env_frames', 0)),
+      'wall_hours': float(last.get('wall_seconds', 0.0)) / 3600,
+      'episodes': last.get('episodes'),
+  }
+
+
+def _experiment(run: Dict[str, object]) -> Optional[str]:
+  """The run's flags but the seed (a key that groups repeated seeds), or None."""
+  if not run['config']:
+    return None
+  return json.dumps({k: v for k, v in run['config'].items()
+                     if k not in _NOT_EXPERIMENT_FLAGS}, sort_keys=True)
+
+
+def _group(runs: List[Dict[str, object]]) -> List[List[Dict[str, object]]]:
+  """Runs grouped by their flags but the seed, in the order of first appearance."""
+  groups, index = [], {}
+  for run in runs:
+    key = _experiment(run)
+    if key is None:
+      groups.append([run])
+    elif key in index:
+      groups[index[key]].append(run)
+    else:
+      index[key] = len(groups)
+      groups.append([run])
+  return groups
+
+
+def _value_text(value) -> str:
+  if isinstance(value, (list, tuple)):
+    return ','.join(str(v) for v in value)
+  return str(value)
+
+
+def _labels(groups: List[List[Dict[str, object]]]) -> List[str]:
+  """Each line's legend name: the flags in which it differs, or its directory."""
+  configs = [g[0]['config'] for g in groups]
+  keys = sorted({k for c in configs for k in c} - _NOT_EXPERIMENT_FLAGS)
+  differing = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True)
+                                       for c in configs}) > 1]
+  labels = []
+  for group in groups:
+    config = group[0]['config']
+    if config and differing and all(g[0]['config'] for g in groups):
+      label = ', '.join(f'{k}={_value_text(config.get(k))}' for k in differing)
+    else:
+      path = os.path.normpath(group[0]['path'])
+      label = os.path.basename(path)
+      if label == 'metrics.jsonl':
+        label = os.path.basename(os.path.dirname(path))
+      if len(group) > 1:
+        label = os.path.commonprefix(
+            [os.path.basename(os.path.normpath(r['path'])) for r in group]
+        ).rstrip('_-.') or label
+    if len(group) > 1:
+      label += f' ({len(group)} seeds)'
+    labels.append(label)
+  return labels
+
+
+def _band(group: List[Dict[str, object]], x: str):
+  """(xs, mean, low, high) over the x range every run of the group reached."""
+  start = max(r[x][0] for r in group)
+  end = min(r[x][-1] for r in group)
+  if end <= start:
+    return None
+  xs = np.linspace(start, end, _BAND_POINTS)
+  ys = np.stack([np.interp(xs, r[x], r['returns']) for r in group])
+  return xs, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def _frames_text(frames: int) -> str:
+  if frames >= 1e6:
+    return f'{frames / 1e6:.1f}M'
+  if frames >= 1e3:
+    return f'{frames / 1e3:.0f}k'
+  return str(frames)
+
+
+def plot(paths: Sequence[str], output: str, x: str = 'frames',
+         random: object = 'auto', target: Optional[float] = None,
+         title: Optional[str] = None, env: Optional[str] = None,
+         labels: Optional[Sequence[str]] = None) -> Dict[str, object]:
+  """Draws the return curves of `paths` into the PNG `output`; see the module doc.
+
+  Args:
+    paths: run directories or metrics.jsonl files, at least one.
+    output: the PNG file to write.
+    x: 'frames' or 'hours'.
+    random: 'auto', 'none' (or None), or a number: random play's return.
+    target: a return to draw; None: the runs' shared --target_return, if any.
+    title: None for '<env>, <frames> env frames'.
+    env: the env id of runs without config.json.
+    labels: the legend names of the lines (one per line), or None.
+
+  Returns:
+    The summary dict (the module docstring lists its keys).
+
+  Raises:
+    PlotError: a run cannot be read, a bad argument, or matplotlib is missing.
+  """
+  if not paths:
+    raise PlotError('give at least one run directory or metrics.jsonl')
+  if x not in X_AXES:
+    raise PlotError(f'--x={x}: must be one of {", ".join(X_AXES)}')
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise PlotError(f'drawing needs matplotlib (the plot extra): '
+                    f'{PLOT_INSTALL_HINT}') from None
+  parent = os.path.dirname(os.path.abspath(output))
+  if not os.path.isdir(parent):
+    raise PlotError(f'--output={output}: no such directory {parent}')
+  runs = [read_run(p, env) for p in paths]
+  groups = _group(runs)
+  names = list(labels) if labels else _labels(groups)
+  if len(names) != len(groups):
+    raise PlotError(f'--label: {len(names)} given for {len(groups)} lines '
+                    '(repeated seeds of the same flags are one line)')
+  envs = sorted({r['env'] for r in runs if r['env']})
+  if random is None or random == 'none':
+    random_score = None
+  elif random == 'auto':
+    scores = {_random_score(e) for e in envs}
+    random_score = scores.pop() if len(scores) == 1 and len(envs) == 1 else None
+  else:
+    try:
+      random_score = float(random)
+    except ValueError:
+      raise PlotError(f"--random={random}: must be 'auto', 'none' or a number"
+                      ) from None
+  if target is None:
+    targets = {r['config'].get('target_return') for r in runs}
+    target = targets.pop() if len(targets) == 1 else None
+  frames = max(r['env_frames'] for r in runs)
+  if title is None:
+    title = f"{', '.join(envs) or 'impala_tf'}, {_frames_text(frames)} env frames"
+
+  fig, ax = plt.subplots(figsize=(7, 4))
+  scale = 1e6 if x == 'frames' else 1.0
+  lines = []
+  for group, name in zip(groups, names):
+    color = None
+    if len(group) == 1:
+      (line,) = ax.plot(group[0][x] / scale, group[0]['returns'], label=name)
+      color = line.get_color()
+    else:
+      band = _band(group, x)
+      if band is None:  # No common range: each seed alone, one legend entry.
+        for i, run in enumerate(group):
+          (line,) = ax.plot(run[x] / scale, run['returns'], color=color,
+                            label=name if i == 0 else None)
+          color = line.get_color()
+      else:
+        xs, mean, low, high = band
+        (line,) = ax.plot(xs / scale, mean, label=name)
+        ax.fill_between(xs / scale, low, high, color=line.get_color(), alpha=0.25,
+                        linewidth=0)
+    lasts = [float(r['returns'][-1]) for r in group]
+    lines.append({'label': name, 'runs': [r['path'] for r in group],
+                  'last_return_mean': float(np.mean(lasts)),
+                  'last_return_min': min(lasts), 'last_return_max': max(lasts)})
+  if random_score is not None:
+    ax.axhline(random_score, ls='--', c='gray', label=f'random play ({random_score:g})')
+  if target is not None:
+    ax.axhline(target, ls='--', c='green', label=f'target ({target:g})')
+  ax.set_xlabel('env frames (millions)' if x == 'frames' else 'wall-clock hours')
+  ax.set_ylabel('mean return, last 100 episodes')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(output, dpi=100, format='png')
+  plt.close(fig)
+
+  by_path = {id(r): label for group, label in zip(groups, names) for r in group}
+  return {
+      'output': output,
+      'x': x,
+      'title': title,
+      'random': random_score,
+      'target': target,
+      'lines': lines,
+      'runs': [{
+          'path': r['path'],
+          'label': by_path[id(r)],
+          'env': r['env'],
+          'points': int(len(r['returns'])),
+          'first_return_mean': float(r['returns'][0]),
+          'last_return_mean': float(r['returns'][-1]),
+          'best_return_mean': float(r['returns'].max()),
+          'env_frames': r['env_frames'],
+          'wall_hours': round(r['wall_hours'], 3),
+          'episodes': r['episodes'],
+      } for r in runs],
+  }
+
+
+def main(argv):
+  fv = flags.FLAGS
+  paths = argv[1:]
+  if not paths:
+    flags_lib.exit_with_error('give one or more run directories (or metrics.jsonl '
+                              'files): python -m impala_tf.plot DIR [DIR ...] '
+                              '--output=curve.png', PROG)
+  if not fv.output:
+    flags_lib.exit_with_error('--output is required: the PNG to write', PROG)
+  try:
+    summary = plot(paths, fv.output, x=fv.x, random=fv.random, target=fv.target,
+                   title=fv.title, env=fv.env, labels=fv.label)
+  except PlotError as e:
+    flags_lib.exit_with_error(str(e), PROG)
+  print(json.dumps(summary, sort_keys=True), flush=True)
+
+
+def run():
+  define_flags()
+  app.run(main, flags_parser=lambda argv: flags_lib.parse_flags(
+      argv, prog=PROG, allow_positional=True))
+
+
+if __name__ == '__main__':
+  run()

@@ -1,0 +1,199 @@
+"""Tests of impala_tf/plot.py: `python -m impala_tf.plot DIR [DIR ...]`."""
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+
+from impala_tf import plot
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PROG = 'impala_tf.plot'
+_PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+
+
+def _write_run(directory, config, returns, frames_per_line=1000,
+               seconds_per_line=360.0):
+  """A run directory: config.json and a metrics.jsonl with one line per return."""
+  directory.mkdir(parents=True)
+  (directory / 'config.json').write_text(json.dumps(config))
+  with open(directory / 'metrics.jsonl', 'w', encoding='utf-8') as f:
+    for i, ret in enumerate(returns):
+      f.write(json.dumps({'env_frames': (i + 1) * frames_per_line,
+                          'wall_seconds': (i + 1) * seconds_per_line,
+                          'episodes': 10 * (i + 1),
+                          'episode_return_mean': ret}) + '\n')
+  return str(directory)
+
+
+_CONFIG = {'env': 'CartPole-v1', 'learning_rate': 0.001, 'seed': 1,
+           'logdir': '/tmp/a', 'target_return': 475.0,
+           'mlp_hidden_sizes': [64, 64]}
+
+
+@pytest.fixture
+def runs(tmp_path):
+  """Two seeds of one set of flags and one run with another learning rate."""
+  seed1 = _write_run(tmp_path / 'lr1e-3_seed1', _CONFIG,
+                     [None, 20.0, 100.0, 300.0, 500.0])
+  seed2 = _write_run(tmp_path / 'lr1e-3_seed2', dict(_CONFIG, seed=2,
+                                                      logdir='/tmp/b'),
+                     [10.0, 30.0, 200.0, 400.0])
+  other = _write_run(tmp_path / 'lr1e-2', dict(_CONFIG, learning_rate=0.01),
+                     [15.0, 25.0, 35.0], frames_per_line=2000)
+  return seed1, seed2, other
+
+
+def _png_shape(path):
+  with open(path, 'rb') as f:
+    assert f.read(8) == _PNG_SIGNATURE
+  return iio.imread(path).shape
+
+
+def test_plot_groups_seeds_and_summarises_the_numbers(runs, tmp_path):
+  seed1, seed2, other = runs
+  out = str(tmp_path / 'curve.png')
+  s = plot.plot([seed1, seed2, other], out)
+  assert _png_shape(out)[:2] == (400, 700)  # 7x4 inches at 100 dpi.
+  assert s['output'] == out and s['x'] == 'frames'
+  assert s['title'] == 'CartPole-v1, 6k env frames'
+  assert s['random'] == plot.RANDOM_SCORES['CartPole-v1']
+  assert s['target'] == 475.0  # The runs' shared --target_return.
+  by_path = {r['path']: r for r in s['runs']}
+  r1 = by_path[seed1]
+  # The first line has no return yet: 4 points, from 2,000 frames.
+  assert (r1['points'], r1['first_return_mean'], r1['last_return_mean'],
+          r1['best_return_mean']) == (4, 20.0, 500.0, 500.0)
+  assert (r1['env_frames'], r1['wall_hours'], r1['episodes']) == (5000, 0.5, 50)
+  assert by_path[other]['env_frames'] == 6000
+  # Two lines: the two seeds (one line, a band) and the other learning rate,
+  # named by the flag in which they differ.
+  assert [l['label'] for l in s['lines']] == [
+      'learning_rate=0.001 (2 seeds)', 'learning_rate=0.01']
+  seeds_line = s['lines'][0]
+  assert seeds_line['runs'] == [seed1, seed2]
+  assert seeds_line['last_return_mean'] == 450.0
+  assert (seeds_line['last_return_min'], seeds_line['last_return_max']) == (
+      400.0, 500.0)
+  assert r1['label'] == by_path[seed2]['label'] == 'learning_rate=0.001 (2 seeds)'
+
+
+def test_band_is_mean_min_max_over_the_common_range(runs):
+  seed1, seed2, _ = runs
+  group = [plot.read_run(seed1), plot.read_run(seed2)]
+  xs, mean, low, high = plot._band(group, 'frames')
+  # seed1 has returns at 2k-5k frames, seed2 at 1k-4k: the common range is 2k-4k.
+  assert (xs[0], xs[-1]) == (2000.0, 4000.0)
+  np.testing.assert_allclose([mean[0], low[0], high[0]], [25.0, 20.0, 30.0])
+  np.testing.assert_allclose([mean[-1], low[-1], high[-1]], [350.0, 300.0, 400.0])
+
+
+def test_hours_axis_random_and_target_flags(runs, tmp_path):
+  _, _, other = runs
+  out = str(tmp_path / 'hours.png')
+  s = plot.plot([other], out, x='hours', random='-3.5', target=30.0,
+                title='mine', labels=['lr 0.01'])
+  assert _png_shape(out)[:2] == (400, 700)
+  assert (s['x'], s['random'], s['target'], s['title']) == ('hours', -3.5, 30.0,
+                                                            'mine')
+  assert s['lines'][0]['label'] == 'lr 0.01'
+  assert plot.plot([other], out, random='none')['random'] is None
+  with pytest.raises(plot.PlotError, match=r"--random=x: must be 'auto', 'none'"):
+    plot.plot([other], out, random='x')
+  with pytest.raises(plot.PlotError, match='--label: 2 given for 1 lines'):
+    plot.plot([other], out, labels=['a', 'b'])
+
+
+def test_random_scores_by_game_name():
+  assert plot._random_score('PongNoFrameskip-v4') == -20.7
+  assert plot._random_score('ALE/Pong-v5') == -20.7
+  assert plot._random_score('BreakoutNoFrameskip-v4') == 1.7
+  assert plot._random_score('CartPole-v1') == 22.2
+  assert plot._random_score('MountainCar-v0') is None
+  assert plot._random_score(None) is None
+
+
+def test_read_errors(tmp_path):
+  with pytest.raises(plot.PlotError, match='no such run directory'):
+    plot.read_run(str(tmp_path / 'missing'))
+  with pytest.raises(plot.PlotError, match='has no metrics.jsonl'):
+    plot.read_run(str(tmp_path))
+  _write_run(tmp_path / 'early', _CONFIG, [None, None])
+  with pytest.raises(plot.PlotError, match='has no episode_return_mean yet'):
+    plot.read_run(str(tmp_path / 'early'))
+
+
+def _python(args, extra_path=None):
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [p for p in (extra_path, str(REPO), env.get('PYTHONPATH')) if p])
+  return subprocess.run([sys.executable, '-m', PROG, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=180)
+
+
+def test_cli_two_logdirs_write_a_png_and_print_the_summary(runs, tmp_path):
+  seed1, _, other = runs
+  out = tmp_path / 'two.png'
+  result = _python([seed1, other, f'--output={out}'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  s = json.loads(result.stdout.strip().splitlines()[-1])
+  assert s['output'] == str(out) and _png_shape(out)[:2] == (400, 700)
+  assert [r['path'] for r in s['runs']] == [seed1, other]
+  assert [l['label'] for l in s['lines']] == ['learning_rate=0.001',
+                                             'learning_rate=0.01']
+
+
+def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
+  seed1, _, _ = runs
+  blocker = tmp_path / 'blocker'
+  blocker.mkdir()
+  (blocker / 'matplotlib.py').write_text(
+      "raise ImportError('No module named matplotlib')\n")
+  cases = [
+      ([f'--output={tmp_path / "x.png"}'], 'give one or more run directories', None),
+      ([seed1], '--output is required', None),
+      ([str(tmp_path / 'missing'), f'--output={tmp_path / "x.png"}'],
+       'no such run directory', None),
+      ([seed1, '--x=steps', f'--output={tmp_path / "x.png"}'], '--x=steps', None),
+      ([seed1, f'--output={tmp_path / "x.png"}'],
+       "needs matplotlib (the plot extra): pip install 'impala_tf[plot]'",
+       str(blocker)),
+  ]
+  for args, message, extra_path in cases:
+    result = _python(args, extra_path)
+    assert result.returncode == 2, (args, result.stdout, result.stderr[-2000:])
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, (args, result.stderr)
+    assert lines[0].startswith(f'{PROG}: error: ') and message in lines[0], lines[0]
+    assert result.stdout == ''
+  assert not (tmp_path / 'x.png').exists()
+
+
+def test_docs_images_are_drawn_by_impala_tf_plot(tmp_path):
+  """Each image in docs/ is named in a doc next to the `impala_tf.plot` command
+  that draws it; the command runs and draws an image of the same size."""
+  docs = REPO / 'docs'
+  images = sorted(p.name for p in docs.glob('*.png'))
+  assert images, 'docs/ has no images'
+  text = '\n'.join(p.read_text(encoding='utf-8') for p in docs.glob('*.md'))
+  for image in images:
+    match = re.search(r'`python -m impala_tf\.plot ([^`]*--output=docs/'
+                      + re.escape(image) + r'[^`]*)`', text)
+    assert match, f'docs/{image}: no `python -m impala_tf.plot ...` command in docs/'
+    args = shlex.split(match.group(1))
+    out = tmp_path / image
+    args = [f'--output={out}' if a.startswith('--output=') else a for a in args]
+    result = _python(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _png_shape(out) == _png_shape(docs / image)
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

@@ -305,7 +305,14 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     title = f"{', '.join(envs) or 'impala_tf'}, {_frames_text(frames)} env frames"
 
   fig, ax = plt.subplots(figsize=(7, 4))
-  scale = 1e6 if x == 'frames' else 1.0
+  if x == 'hours':
+    scale, xlabel = 1.0, 'wall-clock hours'
+  elif frames >= 1e6:
+    scale, xlabel = 1e6, 'env frames (millions)'
+  elif frames >= 1e4:
+    scale, xlabel = 1e3, 'env frames (thousands)'
+  else:
+    scale, xlabel = 1.0, 'env frames'
   lines = []
   for group, name in zip(groups, names):
     color = None
@@ -332,7 +339,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     ax.axhline(random_score, ls='--', c='gray', label=f'random play ({random_score:g})')
   if target is not None:
     ax.axhline(target, ls='--', c='green', label=f'target ({target:g})')
-  ax.set_xlabel('env frames (millions)' if x == 'frames' else 'wall-clock hours')
+  ax.set_xlabel(xlabel)
   ax.set_ylabel('mean return, last 100 episodes')
   ax.set_title(title)
   ax.grid(alpha=0.3)

@@ -18,13 +18,19 @@ them; so can your own code:
     cfg, net, path = checkpoints.restore_network('/tmp/impala_cartpole')
     out, state = net.step(types.AgentInput(obs, prev_action, reward, first), state)
 
-Resume checks (`check_resume`, `Checkpointer.restore_latest`): a run refuses a
-checkpoint written with other shape-relevant flags (the network, the LSTM, the
-optimizer kind, the env's spaces), naming the flags and both values, before anything
-is written; a checkpoint that cannot be read (truncated data file, missing index) is
-skipped with a one-line warning for the newest readable one; none readable is an
-error that touches nothing. `restore_network` (so `evaluate` and `export`) skips an
-unreadable newest checkpoint the same way. `check_logdir` refuses a logdir that cannot be written.
+Restore (`Checkpointer.restore_latest`): a checkpoint that does not hold this run's
+variables is refused, naming the flags to use. A damaged checkpoint (truncated or
+corrupted file, missing index or data file) is skipped with a one-line warning for
+the newest readable one, and once that one restores, moved to
+`checkpoints/skipped/` (the keep-N rotation would delete it, a later restore would
+try it again); none readable is an error that touches nothing. Any other read
+error (permissions, I/O, memory) is not taken for damage: it stops with one line
+(`CheckpointReadError`), touching nothing. `restore_network` (so `evaluate` and
+`export`) skips a damaged newest checkpoint the same way, moving nothing.
+
+The run directory's other parts (logdir checks and lock, config.json, the resume
+checks that read it) live in `impala_tf.rundir`; their names are also importable
+from here.
 
 SavedModel (`save_policy`): writes the serving model described below, which loads
 with TensorFlow alone (`tf.saved_model.load(path)`); no impala_tf import needed.
@@ -33,12 +39,9 @@ that the driver, which knows no flags, does not import the export command line.
 """
 
 import glob
-import json
 import os
 import re
-import sys
-import tempfile
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -85,6 +88,7 @@ class Checkpointer:
     self._trackables = trackables
     self._optional = frozenset(optional)
     self.not_restored = []  # Optional trackables the last restore did not find.
+    self._keep = keep
     self._checkpoint = tf.train.Checkpoint(**trackables)
     self._manager = tf.train.CheckpointManager(
         self._checkpoint, self.directory, max_to_keep=keep)
@@ -110,23 +114,34 @@ class Checkpointer:
   def restore_latest(self) -> Optional[str]:
     """Restores the newest readable checkpoint, if any; returns its path or None.
 
-    A checkpoint whose files cannot be read (a truncated or corrupted data file, a
-    missing index) is skipped with a one-line warning on stderr, and the next older
-    one is tried.
+    A damaged checkpoint (a truncated or corrupted file, a missing index or data
+    file) is skipped with a one-line warning on stderr, and the next older one is
+    tried; once one restores, the skipped ones are moved to
+    `checkpoints/skipped/` (kept for inspection, out of the keep-N rotation and of
+    later restores). Any other read error (permissions, I/O, memory) is not
+    damage: it stops the restore and touches nothing.
 
     Raises:
       CheckpointMismatchError: a trackable has no value in the checkpoint, or one of
         another shape (e.g. the network flags changed between runs).
       CheckpointUnreadableError: there are checkpoint files but none can be read.
+      CheckpointReadError: a checkpoint cannot be read for another reason than
+        damage to its files.
     """
     self.not_restored = []
     candidates = self.candidates()
-    errors = []
+    errors, skipped = [], []
     for path in candidates:
       try:
-        return self._restore(path)
-      except _UNREADABLE as e:
+        restored = self._restore(path)
+      except _READ_ERRORS as e:
+        _raise_unless_damaged(path, e)
         errors.append(_skip_unreadable(path, e))
+        skipped.append(path)
+        continue
+      if skipped:
+        self._set_aside(skipped, restored)
+      return restored
     if candidates:
       raise CheckpointUnreadableError(
           f'no checkpoint in {self.directory} can be read ({"; ".join(errors)}); '
@@ -135,7 +150,7 @@ class Checkpointer:
     return None
 
   def _restore(self, path: str) -> str:
-    """Restores `path`; raises one of `_UNREADABLE` when it cannot be read."""
+    """Restores `path`; raises one of `_READ_ERRORS` when it cannot be read."""
     _check_files(path)
     checkpoint = self._checkpoint
     listed = tf.train.list_variables(path)
@@ -181,15 +196,83 @@ class Checkpointer:
     """Writes a checkpoint numbered `step`; returns its path."""
     return self._manager.save(checkpoint_number=step)
 
+  def _set_aside(self, skipped: List[str], restored: str):
+    """Moves the files of the `skipped` checkpoints to `checkpoints/skipped/`.
+
+    Left in place, the manager's keep-N rotation would delete them (one may be
+    good, unreadable only at the time) and a later restore would try them before
+    the checkpoints this run writes. The index file then names the checkpoints
+    that remain, `restored` the latest.
+    """
+    aside = os.path.join(self.directory, SKIPPED_SUBDIR)
+    os.makedirs(aside, exist_ok=True)
+    for path in skipped:
+      for f in glob.glob(glob.escape(path) + '.*'):
+        os.replace(f, os.path.join(aside, os.path.basename(f)))
+      rundir.warn(f'moved the unreadable checkpoint {path} to {aside}/ (not '
+                  'deleted: look at it, or delete it yourself)')
+    state = tf.train.get_checkpoint_state(self.directory)
+    if state is not None:  # Drop the moved ones from the index, keep the rest.
+      moved = {os.path.basename(p) for p in skipped}
+      paths = [os.path.basename(p) for p in state.all_model_checkpoint_paths]
+      times = list(state.all_model_checkpoint_timestamps)
+      if len(times) != len(paths):
+        times = [None] * len(paths)
+      kept = [(p, t) for p, t in zip(paths, times) if p not in moved]
+      del state.all_model_checkpoint_paths[:]
+      del state.all_model_checkpoint_timestamps[:]
+      for p, t in kept:
+        state.all_model_checkpoint_paths.append(p)
+        if t is not None:  # The rotation deletes only the ones with a time.
+          state.all_model_checkpoint_timestamps.append(t)
+      state.model_checkpoint_path = os.path.basename(restored)
+      rundir.write_text_atomic(os.path.join(self.directory, 'checkpoint'),
+                               str(state))
+    self._manager = tf.train.CheckpointManager(
+        self._checkpoint, self.directory, max_to_keep=self._keep)
+
 
 class _UnreadableError(Exception):
   """A checkpoint's files are missing (raised before TensorFlow reads them)."""
 
 
-# What reading a truncated or corrupted checkpoint raises: TensorFlow reports a
-# truncated file as an OpError (DataLoss, NotFound, ...) or an IndexError ('Read less
-# bytes than requested').
-_UNREADABLE = (tf.errors.OpError, _UnreadableError, IndexError, OSError)
+class CheckpointReadError(RunDirError):
+  """A checkpoint cannot be read for another reason than damage to its files
+  (permissions, I/O, memory): nothing is skipped, nothing is changed."""
+
+
+SKIPPED_SUBDIR = 'skipped'
+
+# What reading a checkpoint may raise.
+_READ_ERRORS = (tf.errors.OpError, _UnreadableError, IndexError, OSError,
+                MemoryError)
+
+# How TensorFlow reports a damaged checkpoint (measured on truncated, emptied and
+# overwritten .index and data files): an IndexError 'Read less bytes than
+# requested', or an OpError (UNKNOWN or DATA_LOSS) naming a bad checksum or sstable.
+_DAMAGE_MESSAGE = re.compile(
+    r'checksum|sstable|corrupt|truncat|read less bytes|bad magic|too short|'
+    r'data loss|unexpected end', re.IGNORECASE)
+
+
+def _is_damage(error: BaseException) -> bool:
+  """Whether a read error means the checkpoint's files are damaged or missing."""
+  if isinstance(error, (_UnreadableError, IndexError, tf.errors.DataLossError)):
+    return True
+  if isinstance(error, tf.errors.OpError) and not isinstance(
+      error, (tf.errors.PermissionDeniedError, tf.errors.ResourceExhaustedError,
+              tf.errors.UnavailableError)):
+    return bool(_DAMAGE_MESSAGE.search(error.message or ''))
+  return False
+
+
+def _raise_unless_damaged(path: str, error: BaseException) -> None:
+  """Raises CheckpointReadError (one line) unless `error` is damage to `path`."""
+  if not _is_damage(error):
+    raise CheckpointReadError(
+        f'checkpoint {path} cannot be read ({_short(error)}); that is not damage '
+        'to its files, so no older checkpoint is used and nothing was changed: '
+        'fix the cause (permissions, disk, memory) and rerun') from None
 
 
 def checkpoint_candidates(directory: str, listed=()) -> List[str]:
@@ -290,9 +373,10 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
     except (AssertionError, ValueError) as e:
       raise RunDirError(f'{path}: cannot restore the network of {CONFIG_FILE} from '
                         f'it: {str(e).splitlines()[0] if str(e) else e!r}') from None
-    except _UNREADABLE as e:
+    except _READ_ERRORS as e:
       if checkpoint:
         raise RunDirError(f'{path}: cannot be read ({_short(e)})') from None
+      _raise_unless_damaged(path, e)
       errors.append(_skip_unreadable(path, e))
   raise CheckpointUnreadableError(
       f'--logdir={logdir}: no checkpoint in {CHECKPOINT_SUBDIR}/ can be read '

@@ -300,7 +300,10 @@ class _Run:
       final['reached_target'] = reached_target
       final['interrupted'] = interrupted
       self._emit(final)
-      if self.nonfinite_error is None:  # Keep the last finite checkpoint.
+      # Keep the last finite checkpoint; and a resumed run that made no learner
+      # step leaves the checkpoint it restored as it was.
+      if self.nonfinite_error is None and not (self.restored and
+                                               self.steps_run == 0):
         self._save()
       self.writer.close()
     if fatal:

@@ -133,10 +133,14 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(
                                 np.arange(6, dtype=np.float32).reshape(2, 3))
   err = capfd.readouterr().err
   lines = [l for l in err.splitlines() if l.startswith('impala_tf:')]
-  assert len(lines) == 1, err
+  assert len(lines) == 2, err
   assert lines[0].startswith(f'impala_tf: warning: checkpoint {latest} cannot be '
                              'read ('), lines[0]
   assert lines[0].endswith('trying the previous one')
+  aside = tmp_path / 'checkpoints' / 'skipped'
+  assert lines[1] == (f'impala_tf: warning: moved the unreadable checkpoint '
+                      f'{latest} to {aside}/ (not deleted: look at it, or delete it '
+                      'yourself)')
   # The run continues: the next save is the newest checkpoint.
   fresh['counter'].assign(10)
   ckpt.save(4)
@@ -144,6 +148,75 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(
   assert checkpoints.Checkpointer(str(tmp_path), 3, **again).restore_latest(
   ).endswith('ckpt-4')
   assert int(again['counter'].numpy()) == 10
+
+
+def test_skipped_checkpoint_is_moved_aside_not_rotated_away(tmp_path):
+  paths = _three_checkpoints(tmp_path)
+  data = paths[-1] + '.data-00000-of-00001'
+  damaged = open(data, 'rb').read()[:10]
+  with open(data, 'wb') as f:
+    f.write(damaged)
+  fresh = _state(9)
+  ckpt = checkpoints.Checkpointer(str(tmp_path), 3, **fresh)
+  assert ckpt.restore_latest() == paths[1]
+  aside = tmp_path / 'checkpoints' / 'skipped'
+  assert sorted(os.listdir(aside)) == ['ckpt-3.data-00000-of-00001', 'ckpt-3.index']
+  for step in (4, 5, 6, 7):  # The keep-3 rotation runs past it.
+    fresh['counter'].assign(step)
+    ckpt.save(step)
+  assert (aside / 'ckpt-3.data-00000-of-00001').read_bytes() == damaged
+  assert sorted(f for f in os.listdir(tmp_path / 'checkpoints')
+                if f.endswith('.index')) == ['ckpt-5.index', 'ckpt-6.index',
+                                             'ckpt-7.index']
+  again = _state(9)
+  assert checkpoints.Checkpointer(str(tmp_path), 3, **again).restore_latest(
+  ).endswith('ckpt-7')
+
+
+@pytest.mark.parametrize('error', [
+    tf.errors.PermissionDeniedError(None, None, 'ckpt-3.index; Permission denied'),
+    tf.errors.ResourceExhaustedError(None, None, 'OOM when allocating'),
+    OSError(5, 'Input/output error'),
+    MemoryError(),
+], ids=['permission', 'resource_exhausted', 'io', 'memory'])
+def test_read_error_that_is_not_damage_stops_and_touches_nothing(
+    tmp_path, monkeypatch, error):
+  paths = _three_checkpoints(tmp_path)
+  directory = tmp_path / 'checkpoints'
+  before = _snapshot(directory)
+  real = checkpoints._check_files  # pylint: disable=protected-access
+
+  def check_files(path):  # Where reading the newest checkpoint begins.
+    if path == paths[-1]:
+      raise error
+    return real(path)
+
+  monkeypatch.setattr(checkpoints, '_check_files', check_files)
+  fresh = _state(9)
+  with pytest.raises(checkpoints.CheckpointReadError) as e:
+    checkpoints.Checkpointer(str(tmp_path), 3, **fresh).restore_latest()
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith(f'checkpoint {paths[-1]} cannot be read ('), message
+  assert message.endswith('no older checkpoint is used and nothing was changed: '
+                          'fix the cause (permissions, disk, memory) and rerun')
+  assert int(fresh['counter'].numpy()) == 9  # Nothing older restored.
+  assert _snapshot(directory) == before
+
+
+@pytest.mark.parametrize('error', [
+    tf.errors.PermissionDeniedError(None, None, 'Permission denied'),
+    OSError(5, 'Input/output error'),
+], ids=['permission', 'io'])
+def test_restore_network_does_not_fall_back_on_other_read_errors(
+    tmp_path, monkeypatch, error):
+  _, paths = _network_checkpoints(tmp_path)
+  real = checkpoints._check_files  # pylint: disable=protected-access
+  monkeypatch.setattr(checkpoints, '_check_files', lambda p: (
+      (_ for _ in ()).throw(error) if p == paths[-1] else real(p)))
+  with pytest.raises(checkpoints.CheckpointReadError,
+                     match=f'^checkpoint {paths[-1]} cannot be read'):
+    checkpoints.restore_network(str(tmp_path))
 
 
 def test_no_readable_checkpoint_is_an_error_that_touches_nothing(tmp_path):

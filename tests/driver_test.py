@@ -325,6 +325,30 @@ def test_resume_with_changed_learning_flags_warns_in_one_line(tmp_path, capfd):
       'of the run learns with the new values'], warnings
 
 
+def test_resumed_run_stopped_before_its_first_step_keeps_its_checkpoint(
+    tmp_path, monkeypatch):
+  tokens = testing.fault_tokens(str(tmp_path / 'tokens'), 0)
+  monkeypatch.setenv(testing.FAULTS_ENV_VAR, tokens)  # No fault fires: trains.
+  logdir = str(tmp_path / 'run')
+  config = testing.tiny_config(logdir=logdir, env=testing.faulty_id('hang'),
+                               total_environment_frames=200)
+  first = driver.train(config).metrics
+  before = _snapshot(logdir)
+  del before['config.json']
+  testing.fault_tokens(tokens, 1)  # Now one env hangs: no data, no learner step.
+  stop = threading.Event()
+  timer = threading.Timer(3.0, stop.set)
+  timer.start()
+  result = driver.train(config.replace(total_environment_frames=10_000),
+                        stop_event=stop)
+  timer.cancel()
+  assert result.interrupted
+  assert result.metrics['learner_steps'] == first['learner_steps']
+  after = _snapshot(logdir)
+  del after['config.json']
+  assert after == before  # The restored checkpoint was not rewritten.
+
+
 def test_second_run_on_a_busy_logdir_is_refused(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path))
   from impala_tf import rundir  # pylint: disable=g-import-not-at-top

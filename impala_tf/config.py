@@ -29,6 +29,7 @@ NETWORK_ALLOWED = (
     'a Keras model or layer, a tf.Module or a callable)')
 _USER_NETWORK_RE = re.compile(r'^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$')
 REWARD_CLIPPINGS = ('abs_one', 'soft_asymmetric', 'none')
+LOSS_REDUCTIONS = ('sum', 'mean')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
 ENV_BACKENDS = ('auto', 'gymnasium', 'envpool')
 ACTOR_BACKENDS = ('threads', 'ray')
@@ -192,6 +193,11 @@ class Config:
   clip_pg_rho_threshold: Optional[float] = 1.0
   vtrace_lambda: float = 1.0
   reward_clipping: str = 'none'
+  reward_scale: float = 1.0
+  loss_reduction: str = 'sum'
+  popart: bool = False
+  popart_beta: float = 3e-4
+  loss_term_grad_norms: bool = True
   # Optimizer.
   optimizer: str = 'adam'
   learning_rate: float = 0.002
@@ -209,6 +215,7 @@ class Config:
   mlp_hidden_sizes: Tuple[int, ...] = (64, 64)
   use_lstm: bool = False
   lstm_size: int = 256
+  shared_torso: bool = True
   # Run.
   total_environment_frames: int = 1_000_000
   target_return: Optional[float] = None
@@ -387,6 +394,11 @@ _RULES = {
     'clip_pg_rho_threshold': _clip_threshold(),
     'vtrace_lambda': _unit_closed(),
     'reward_clipping': _one_of(REWARD_CLIPPINGS),
+    'reward_scale': _positive(),
+    'loss_reduction': _one_of(LOSS_REDUCTIONS),
+    'popart': (None, 'must be True or False'),
+    'popart_beta': ((lambda v: _finite(v) and 0 < v <= 1), 'must be in (0, 1]'),
+    'loss_term_grad_norms': (None, 'must be True or False'),
     'optimizer': _one_of(OPTIMIZERS),
     'learning_rate': _positive(),
     'lr_schedule': _schedule('lr_schedule'),
@@ -405,6 +417,7 @@ _RULES = {
         'in Python)'),
     'use_lstm': (None, 'must be True or False'),
     'lstm_size': _ints(1),
+    'shared_torso': (None, 'must be True or False'),
     'total_environment_frames': _ints(1),
     'target_return': ((lambda v: v is None or _finite(v)),
                       'must be a number, or None to train for '
@@ -441,6 +454,10 @@ def _validate(c: Config):
           f'must be divisible by the {c.num_replicas} learner replicas (num_gpus='
           f'{c.num_gpus}, num_virtual_cpu_devices={c.num_virtual_cpu_devices}) so no '
           'unroll is dropped; use a multiple of the replica count')
+  require(c.shared_torso or (c.network in ('auto', 'mlp') and not c.use_lstm),
+          'shared_torso',
+          'must be True unless --network is mlp or auto (vector observations) and '
+          '--use_lstm is off: a separate value torso is a second MLP')
   need = max(1, math.ceil(c.replay_proportion))
   require(c.replay_proportion == 0 or c.replay_buffer_num_slots >= need,
           'replay_buffer_num_slots',

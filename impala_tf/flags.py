@@ -64,6 +64,7 @@ _ENUM_VALUES = {
     'env_backend': config_lib.ENV_BACKENDS,
     'actor_backend': config_lib.ACTOR_BACKENDS,
     'reward_clipping': config_lib.REWARD_CLIPPINGS,
+    'loss_reduction': config_lib.LOSS_REDUCTIONS,
     'optimizer': config_lib.OPTIMIZERS,
     'network': config_lib.NETWORKS + ('MODULE:FUNCTION',),
 }
@@ -221,6 +222,32 @@ SECTIONS = (
               "paper's Atari setting), 'soft_asymmetric' squashes with tanh and "
               "scales negatives by 0.3 (scalable_agent, DMLab), 'none' leaves them. "
               'Reported returns are never clipped.'),
+        _Flag('reward_scale', 'float',
+              'Multiply rewards by this before --reward_clipping, as the learner '
+              'sees them (e.g. 0.01 brings CartPole\'s value targets near 1). '
+              'Reported returns are never scaled. Range: > 0.'),
+        _Flag('loss_reduction', 'enum',
+              "'sum': every loss term is a sum over the T x B valid steps of the "
+              "batch (the paper, scalable_agent); 'mean': divided by the number of "
+              'valid steps in the whole batch (RLlib). The same update on any '
+              'number of replicas either way; docs/flags.md says how learning '
+              'rate, grad_clip and adam_epsilon translate between them.'),
+        _Flag('popart', 'bool',
+              'PopArt value normalisation (van Hasselt et al. 2016; Hessel et al. '
+              '2019): the value head predicts (V - mu) / sigma from running moments '
+              'of the V-trace targets, rescaled so its outputs in return units are '
+              'preserved when mu and sigma move; the baseline loss and the policy-'
+              'gradient advantages are divided by sigma, so the step no longer '
+              'depends on the reward scale.'),
+        _Flag('popart_beta', 'float',
+              'Step size of PopArt\'s running first and second moments of the '
+              'V-trace targets (debiased like Adam\'s, so the first batch sets '
+              'them). Hessel et al. use 3e-4 on Atari. Range: (0, 1].'),
+        _Flag('loss_term_grad_norms', 'bool',
+              'Log the gradient norm of each weighted loss term (policy, baseline, '
+              'entropy) on the same batch (grad_norm_policy, grad_norm_baseline, '
+              'grad_norm_entropy): three backward passes instead of one, cheap for '
+              'MLPs, about 1.5-2x the step for the Atari nets.'),
     )),
     ('optimizer', 'Optimizer', (
         _Flag('optimizer', 'enum',
@@ -268,6 +295,11 @@ SECTIONS = (
               'previous action and the clipped previous reward; its state resets '
               'where an episode starts.'),
         _Flag('lstm_size', 'int', 'Units of the LSTM core. Range: >= 1.'),
+        _Flag('shared_torso', 'bool',
+              'The policy and value heads share one torso (the paper). '
+              '--noshared_torso gives the value head its own MLP of '
+              '--mlp_hidden_sizes (the layout of SB3\'s PPO); mlp torso without '
+              'LSTM only.'),
     )),
     ('run', 'Run', (
         _Flag('total_environment_frames', 'int',

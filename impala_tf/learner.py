@@ -194,28 +194,64 @@ class Learner(tf.Module):
     state = tuple(batch[f'core_state_{i}'] for i in range(self._num_state))
     entropy_cost = self._entropy_cost(self.consumed_frames)
     variables = self.network.trainable_variables
-    with tf.GradientTape() as tape:
+    popart = self.network.popart
+    discounts = c.discounting * (1.0 - tf.cast(terminated[1:], tf.float32))
+    mask = tf.logical_not(tf.logical_or(terminated[:-1], truncated[:-1]))
+    num_valid = tf.reduce_sum(tf.cast(mask, tf.float32))
+    if c.loss_reduction == 'mean':  # The whole batch's count, on every replica.
+      normalizer = tf.maximum(ctx.all_reduce(_SUM, num_valid), 1.0)
+    else:
+      normalizer = 1.0
+    if popart is not None:  # The statistics the forward pass uses.
+      old_mu, old_sigma = tf.identity(popart.mu), tf.identity(popart.sigma)
+    with tf.GradientTape(persistent=c.loss_term_grad_norms) as tape:
       out, _ = self.network.unroll(
           types.AgentInput(obs, prev_action, reward, first), state)
       values = out.baseline
-      discounts = c.discounting * (1.0 - tf.cast(terminated[1:], tf.float32))
-      mask = tf.logical_not(tf.logical_or(terminated[:-1], truncated[:-1]))
-      loss, diags = losses.compute_loss(
+      loss_args = dict(
           target_logits=out.policy_logits[:-1],
           values=values[:-1],
           bootstrap_value=values[-1],
           actions=action[:-1],
           behaviour_logits=behaviour_logits[:-1],
-          rewards=clip_rewards(reward[1:], c.reward_clipping),
+          rewards=clip_rewards(reward[1:] * c.reward_scale, c.reward_clipping),
           discounts=discounts,
           mask=mask,
-          baseline_cost=c.baseline_cost,
-          entropy_cost=entropy_cost,
           clip_rho_threshold=c.clip_rho_threshold,
           clip_pg_rho_threshold=c.clip_pg_rho_threshold,
           lambda_=c.vtrace_lambda,
           use_vtrace=c.vtrace)
-    grads = tape.gradient(loss, variables)
+      targets = losses.compute_targets(**loss_args)
+      scale = 1.0
+      if popart is not None:
+        new_stats = self._popart_statistics(ctx, popart, targets.vs, mask)
+        scale = popart.sigma_of(new_stats[0], new_stats[1])[0]
+      loss, diags = losses.compute_loss(
+          baseline_cost=c.baseline_cost, entropy_cost=entropy_cost,
+          value_scale=scale, normalizer=normalizer, targets=targets, **loss_args)
+      terms = (diags['policy_loss'], c.baseline_cost * diags['baseline_loss'],
+               tf.cast(entropy_cost, tf.float32) * diags['entropy_loss'])
+    # PopArt: the loss above is that of the rescaled head (new statistics), but
+    # the tape saw the head before the rescale; its gradient differs from the
+    # rescaled head's by old_sigma / new_sigma (the torso's is already exact).
+    head = {v.ref() for v in (self.network.baseline_head.w,
+                              self.network.baseline_head.b)}
+
+    def fix_head(grads):
+      if popart is None:
+        return grads
+      factor = scale / old_sigma[0]
+      return [g * factor if v.ref() in head and g is not None else g
+              for g, v in zip(grads, variables)]
+
+    def dense(grads):
+      return [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+
+    if c.loss_term_grad_norms:
+      term_grads = [dense(fix_head(tape.gradient(t, variables))) for t in terms]
+      del tape
+    else:
+      grads = dense(fix_head(tape.gradient(loss, variables)))
     # Per-step bookkeeping, summed over replicas with the gradients.
     first_use = tf.equal(batch['reuse'], 0)
     replayed = batch['replayed']
@@ -229,7 +265,13 @@ class Learner(tf.Module):
         'num_unrolls': tf.cast(tf.size(lag), tf.float32),
     }
     diags = dict(diags, **extra)
-    grads, diags = ctx.all_reduce(_SUM, (grads, diags))
+    if c.loss_term_grad_norms:
+      term_grads, diags = ctx.all_reduce(_SUM, (term_grads, diags))
+      grads = [a + b + e for a, b, e in zip(*term_grads)]
+      for name, g in zip(('policy', 'baseline', 'entropy'), term_grads):
+        diags[f'grad_norm_{name}'] = tf.linalg.global_norm(g)
+    else:
+      grads, diags = ctx.all_reduce(_SUM, (grads, diags))
     diags['policy_lag_max'] = tf.reduce_max(
         ctx.all_gather(tf.reshape(tf.reduce_max(lag), [1]), axis=0))
     grad_norm = tf.linalg.global_norm(grads)
@@ -238,10 +280,68 @@ class Learner(tf.Module):
     # every replica takes the same branch.
     finite = tf.logical_and(tf.math.is_finite(grad_norm),
                             tf.math.is_finite(diags['loss']))
+    if popart is not None:
+      diags.update(self._popart_apply(ctx, popart, new_stats, finite, old_mu,
+                                      old_sigma))
     if c.grad_clip > 0:
       grads, _ = tf.clip_by_global_norm(grads, c.grad_clip, use_norm=grad_norm)
+      diags['grad_clipped'] = tf.cast(grad_norm > c.grad_clip, tf.float32)
+    else:
+      diags['grad_clipped'] = tf.zeros([], tf.float32)
     self.optimizer.apply_gradients(zip(grads, variables), condition=finite)
     diags['nonfinite'] = 1.0 - tf.cast(finite, tf.float32)
     diags['grad_norm'] = grad_norm
     diags['entropy_cost'] = tf.cast(entropy_cost, tf.float32)
     return diags
+
+  def _popart_statistics(self, ctx, popart, vs, mask):
+    """PopArt's statistics after this batch (nothing assigned yet).
+
+    Args:
+      ctx: the replica context.
+      popart: the network's `PopArt`.
+      vs: float32 `[T, B]`, this replica's V-trace targets (return units).
+      mask: bool `[T, B]`, the valid steps.
+
+    Returns:
+      `(mu, nu, updates)` as `PopArt.updated` gives them, from the moments of the
+      targets of the whole batch (all-reduced: every replica gets the same); the
+      old statistics when the batch has no valid step.
+    """
+    zeros = tf.zeros_like(vs)
+    moments = [tf.reduce_sum(tf.where(mask, vs, zeros)),
+               tf.reduce_sum(tf.where(mask, tf.square(vs), zeros)),
+               tf.reduce_sum(tf.cast(mask, tf.float32))]
+    total, total_sq, n = ctx.all_reduce(_SUM, moments)
+    safe_n = tf.maximum(n, 1.0)
+    mu, nu, updates = popart.updated(tf.reshape(total / safe_n, [1]),
+                                     tf.reshape(total_sq / safe_n, [1]),
+                                     self._config.popart_beta)
+    any_valid = n > 0
+    return (tf.where(any_valid, mu, popart.mu), tf.where(any_valid, nu, popart.nu),
+            tf.where(any_valid, updates, popart.updates))
+
+  def _popart_apply(self, ctx, popart, new_stats, finite, old_mu, old_sigma):
+    """Assigns the new statistics and rescales the value head to preserve it.
+
+    Nothing changes when `finite` is False (the update is skipped). Runs on every
+    replica with identical values; the assignments go through a merge_call, so
+    every mirror gets them before the optimizer applies the gradients.
+
+    Returns:
+      dict of float32 `[]`: `popart_mu`, `popart_sigma` (task 0, after the update).
+    """
+    mu, nu, updates = [tf.where(finite, new, old) for new, old in zip(
+        new_stats, (popart.mu, popart.nu, popart.updates))]
+    sigma = popart.sigma_of(mu, nu)
+    head = self.network.baseline_head
+    w, b = popart.preserve(head.w, head.b, old_mu, old_sigma, mu, sigma)
+    targets = (popart.mu, popart.nu, popart.updates, head.w, head.b)
+
+    def assign_all(strategy, *values):
+      for var, value in zip(targets, values):
+        strategy.extended.update(var, lambda v, x: v.assign(x), args=(value,),
+                                 group=False)
+
+    ctx.merge_call(assign_all, args=(mu, nu, updates, w, b))
+    return {'popart_mu': mu[0], 'popart_sigma': sigma[0]}

@@ -21,14 +21,23 @@ its final observation.
 
 Total loss: `policy + baseline_cost * baseline + entropy_cost * entropy`, with
 
-  policy   = sum_valid -log pi(a_t | x_t) * A_t          (A_t: V-trace pg advantage)
-  baseline = sum_valid 0.5 * (vs_t - V(x_t))**2          (vs_t: V-trace target)
+  policy   = sum_valid -log pi(a_t | x_t) * A_t / s      (A_t: V-trace pg advantage)
+  baseline = sum_valid 0.5 * ((vs_t - V(x_t)) / s)**2    (vs_t: V-trace target)
   entropy  = sum_valid -H(pi(. | x_t))                    (negative entropy: a bonus)
 
-`A_t` and `vs_t` are targets: no gradient flows through them. With the paper's
-`baseline_cost = 0.5` the effective baseline weight is 0.25, as in scalable_agent.
+each divided by `normalizer` (1 for the paper's sums; the number of valid steps of
+the whole batch for `loss_reduction='mean'`). `s` is `value_scale`: 1, or PopArt's
+sigma (then `(vs_t - V(x_t)) / s` is the error of the normalised value head, and the
+step no longer depends on the reward scale). `A_t` and `vs_t` are targets: no
+gradient flows through them. With the paper's `baseline_cost = 0.5` the effective
+baseline weight is 0.25, as in scalable_agent.
+
+`compute_targets` gives the V-trace targets alone (the learner needs them first
+with PopArt, to move the statistics before the loss); `compute_loss` computes them
+unless given.
 """
 
+import collections
 from typing import Dict, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -51,7 +60,15 @@ DIAGNOSTIC_KEYS = (
     'advantage_sum',      # Sum of the pg advantages.
     'advantage_sq_sum',   # Sum of the squared pg advantages.
     'value_sum',          # Sum of the baseline values V(x_t).
+    'log_rho_abs_sum',    # Sum of |log rho|: how far the learner is from the actor.
+    'rho_above_1p1_count',  # Valid steps with rho > 1.1.
 )
+
+# The V-trace targets of a batch, all float32 `[T, B]` and without gradient:
+# `vs` the value targets, `pg_advantages` the policy-gradient advantages (both in
+# return units; 0 and V(x_t) on masked steps), `log_ratio` log pi(a_t) - log mu(a_t).
+VTraceTargets = collections.namedtuple('VTraceTargets',
+                                       ['vs', 'pg_advantages', 'log_ratio'])
 
 
 def _check_rank(name: str, x: tf.Tensor, rank: int):
@@ -115,45 +132,22 @@ def entropy_loss(logits) -> tf.Tensor:
   return tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1)
 
 
-def compute_loss(target_logits,
-                 values,
-                 bootstrap_value,
-                 actions,
-                 behaviour_logits,
-                 rewards,
-                 discounts,
-                 mask,
-                 baseline_cost: Scalar,
-                 entropy_cost: Scalar,
-                 clip_rho_threshold: Optional[float] = 1.0,
-                 clip_pg_rho_threshold: Optional[float] = 1.0,
-                 lambda_: float = 1.0,
-                 use_vtrace: bool = True
-                 ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
-  """The IMPALA loss of a batch (or of one replica's slice of it).
-
-  Args:
-    target_logits: float32 `[T, B, A]`, the learner policy's logits (differentiated).
-    values: float32 `[T, B]`, the learner baseline V(x_t) (differentiated).
-    bootstrap_value: float32 `[B]`, V(x_T), the value after the last step.
-    actions: int32/int64 `[T, B]`, the actions taken by the actors.
-    behaviour_logits: float32 `[T, B, A]`, the actors' logits (no gradient).
-    rewards: float32 `[T, B]`, the (clipped) reward for action t, r_t.
-    discounts: float32 `[T, B]`, gamma_t = discounting * (1 - terminated_{t+1}).
-    mask: bool `[T, B]`, False where step t is not a real transition.
-    baseline_cost: float or float32 `[]` tensor, the baseline term's weight.
-    entropy_cost: float or float32 `[]` tensor (it may be scheduled), the weight of
-      the negative-entropy term.
-    clip_rho_threshold: float or None (no clipping), V-trace rho-bar.
-    clip_pg_rho_threshold: float or None (no clipping), rho-bar for the advantages.
-    lambda_: float in [0, 1], V-trace lambda (1 in the paper).
-    use_vtrace: bool. False: no off-policy correction, rho = 1 on every valid step
-      (no clipping applies), i.e. n-step returns; masked steps still have rho = 0.
+def compute_targets(target_logits,
+                    values,
+                    bootstrap_value,
+                    actions,
+                    behaviour_logits,
+                    rewards,
+                    discounts,
+                    mask,
+                    clip_rho_threshold: Optional[float] = 1.0,
+                    clip_pg_rho_threshold: Optional[float] = 1.0,
+                    lambda_: float = 1.0,
+                    use_vtrace: bool = True) -> VTraceTargets:
+  """The V-trace targets of a batch (arguments as `compute_loss`).
 
   Returns:
-    `(loss, diagnostics)`: loss float32 `[]`, the sum described in the module
-    docstring; diagnostics a dict with the keys of `DIAGNOSTIC_KEYS`, each a float32
-    `[]` sum or count over the valid steps.
+    VTraceTargets, each float32 `[T, B]`, stop-gradient.
 
   Raises:
     ValueError: on inputs of the wrong rank.
@@ -190,16 +184,88 @@ def compute_loss(target_logits,
       bootstrap_value=tf.stop_gradient(bootstrap_value),
       clip_rho_threshold=rho_clip, clip_pg_rho_threshold=pg_rho_clip,
       lambda_=lambda_)
-  vs = tf.stop_gradient(returns.vs)
-  advantages = tf.stop_gradient(returns.pg_advantages)
+  return VTraceTargets(vs=tf.stop_gradient(returns.vs),
+                       pg_advantages=tf.stop_gradient(returns.pg_advantages),
+                       log_ratio=log_ratio)
+
+
+def compute_loss(target_logits,
+                 values,
+                 bootstrap_value,
+                 actions,
+                 behaviour_logits,
+                 rewards,
+                 discounts,
+                 mask,
+                 baseline_cost: Scalar,
+                 entropy_cost: Scalar,
+                 clip_rho_threshold: Optional[float] = 1.0,
+                 clip_pg_rho_threshold: Optional[float] = 1.0,
+                 lambda_: float = 1.0,
+                 use_vtrace: bool = True,
+                 value_scale: Scalar = 1.0,
+                 normalizer: Scalar = 1.0,
+                 targets: Optional[VTraceTargets] = None,
+                 ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+  """The IMPALA loss of a batch (or of one replica's slice of it).
+
+  Args:
+    target_logits: float32 `[T, B, A]`, the learner policy's logits (differentiated).
+    values: float32 `[T, B]`, the learner baseline V(x_t) in return units
+      (differentiated).
+    bootstrap_value: float32 `[B]`, V(x_T), the value after the last step.
+    actions: int32/int64 `[T, B]`, the actions taken by the actors.
+    behaviour_logits: float32 `[T, B, A]`, the actors' logits (no gradient).
+    rewards: float32 `[T, B]`, the (clipped) reward for action t, r_t.
+    discounts: float32 `[T, B]`, gamma_t = discounting * (1 - terminated_{t+1}).
+    mask: bool `[T, B]`, False where step t is not a real transition.
+    baseline_cost: float or float32 `[]` tensor, the baseline term's weight.
+    entropy_cost: float or float32 `[]` tensor (it may be scheduled), the weight of
+      the negative-entropy term.
+    clip_rho_threshold: float or None (no clipping), V-trace rho-bar.
+    clip_pg_rho_threshold: float or None (no clipping), rho-bar for the advantages.
+    lambda_: float in [0, 1], V-trace lambda (1 in the paper).
+    use_vtrace: bool. False: no off-policy correction, rho = 1 on every valid step
+      (no clipping applies), i.e. n-step returns; masked steps still have rho = 0.
+    value_scale: float or float32 `[]` > 0, `s` of the module docstring: the value
+      errors and the advantages are divided by it (PopArt's sigma; 1 without).
+    normalizer: float or float32 `[]` > 0; every term is divided by it (1: sums).
+    targets: the batch's `compute_targets(...)`, if already computed.
+
+  Returns:
+    `(loss, diagnostics)`: loss float32 `[]`, the total described in the module
+    docstring; diagnostics a dict with the keys of `DIAGNOSTIC_KEYS`, each a float32
+    `[]` sum or count over the valid steps. `policy_loss`, `baseline_loss` and
+    `entropy_loss` are the terms as optimised (divided by `value_scale` and
+    `normalizer`, before the costs; differentiable); `advantage_*` are in return
+    units.
+
+  Raises:
+    ValueError: on inputs of the wrong rank.
+  """
+  if targets is None:
+    targets = compute_targets(
+        target_logits, values, bootstrap_value, actions, behaviour_logits, rewards,
+        discounts, mask, clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=lambda_,
+        use_vtrace=use_vtrace)
+  target_logits = tf.convert_to_tensor(target_logits, tf.float32)
+  values = tf.convert_to_tensor(values, tf.float32)
+  mask = tf.convert_to_tensor(mask, tf.bool)
+  actions = tf.convert_to_tensor(actions)
+  vs, advantages, log_ratio = targets
+  scale = tf.cast(value_scale, tf.float32)
+  normalizer = tf.cast(normalizer, tf.float32)
 
   zeros = tf.zeros_like(values)
-  pg = tf.where(mask, policy_gradient_loss(target_logits, actions, advantages), zeros)
-  bl = tf.where(mask, baseline_loss(vs, values), zeros)
+  pg = tf.where(mask, policy_gradient_loss(target_logits, actions,
+                                           advantages / scale), zeros)
+  bl = tf.where(mask, baseline_loss(vs / scale, values / scale), zeros)
   ent = tf.where(mask, entropy_loss(target_logits), zeros)
-  pg_sum = tf.reduce_sum(pg)
-  bl_sum = tf.reduce_sum(bl)
-  ent_sum = tf.reduce_sum(ent)
+  pg_sum = tf.reduce_sum(pg) / normalizer
+  bl_sum = tf.reduce_sum(bl) / normalizer
+  ent_raw = tf.reduce_sum(ent)
+  ent_sum = ent_raw / normalizer
   baseline_cost = tf.cast(baseline_cost, tf.float32)
   entropy_cost = tf.cast(entropy_cost, tf.float32)
   loss = pg_sum + baseline_cost * bl_sum + entropy_cost * ent_sum
@@ -212,18 +278,21 @@ def compute_loss(target_logits,
     clipped = tf.zeros_like(mask)
   else:
     clipped = tf.logical_and(mask, rhos > clip_rho_threshold)
+  count = lambda m: tf.reduce_sum(tf.cast(m, tf.float32))
   diagnostics = {
       'loss': loss,
       'policy_loss': pg_sum,
       'baseline_loss': bl_sum,
       'entropy_loss': ent_sum,
-      'num_valid': tf.reduce_sum(tf.cast(mask, tf.float32)),
-      'entropy_sum': -ent_sum,
+      'num_valid': count(mask),
+      'entropy_sum': -ent_raw,
       'rho_sum': masked_sum(rhos),
-      'rho_clipped_count': tf.reduce_sum(tf.cast(clipped, tf.float32)),
+      'rho_clipped_count': count(clipped),
       'advantage_sum': masked_sum(advantages),
       'advantage_sq_sum': masked_sum(tf.square(advantages)),
       'value_sum': masked_sum(tf.stop_gradient(values)),
+      'log_rho_abs_sum': masked_sum(tf.abs(log_ratio)),
+      'rho_above_1p1_count': count(tf.logical_and(mask, rhos > 1.1)),
   }
   return loss, diagnostics
 
@@ -240,7 +309,9 @@ def summarize_diagnostics(sums) -> Dict[str, float]:
     A dict of Python floats: `loss`, `policy_loss`, `baseline_loss`, `entropy_loss`
     (the sums, i.e. the quantities optimized), `num_valid`, and the per-valid-step
     means `entropy`, `rho_mean`, `rho_clip_fraction`, `advantage_mean`,
-    `advantage_std` (population std), `value_mean` (0.0 when `num_valid` is 0).
+    `advantage_std` (population std), `value_mean`, `log_rho_abs_mean` (mean
+    |log pi(a)/mu(a)|, the policy lag as the learner sees it) and
+    `rho_above_1p1_fraction` (0.0 when `num_valid` is 0).
   """
   s = {k: float(sums[k].numpy() if hasattr(sums[k], 'numpy') else sums[k])
        for k in DIAGNOSTIC_KEYS}
@@ -263,4 +334,6 @@ def summarize_diagnostics(sums) -> Dict[str, float]:
       'advantage_mean': adv_mean,
       'advantage_std': adv_var**0.5,
       'value_mean': mean('value_sum'),
+      'log_rho_abs_mean': mean('log_rho_abs_sum'),
+      'rho_above_1p1_fraction': mean('rho_above_1p1_count'),
   }

@@ -515,6 +515,79 @@ class UserTorso(tf.Module):
     return tf.cast(self._held.module(x), tf.float32)
 
 
+class PopArt(tf.Module):
+  """PopArt's running statistics of the value targets, one set per task.
+
+  The value head predicts a normalised value `n(x)`; in return units the value is
+  `V(x) = sigma * n(x) + mu`, with `sigma = sqrt(nu - mu**2)` kept in
+  `[SIGMA_MIN, SIGMA_MAX]`. The learner moves `mu` and `nu` towards the moments of
+  each batch's V-trace targets (`updated`) and rescales the head's last layer so
+  that `V(x)` is unchanged (`preserve`); REFERENCE.md has the math. The moments are
+  debiased like Adam's: the k-th update (k = 1, 2, ...) uses the step size
+  `beta / (1 - (1 - beta)**k)`, so the first batch sets them outright and the
+  initial `mu = 0, nu = 1` leaves no trace.
+
+  Variables (non-trainable, checkpointed with the network): `mu` float32
+  `[num_tasks]`, `nu` float32 `[num_tasks]`, `updates` float32 `[]` (the number of
+  updates so far, for the debiasing). Training uses one task (index 0); the leading
+  task axis keeps per-task statistics possible.
+  """
+
+  SIGMA_MIN = 1e-4
+  SIGMA_MAX = 1e6
+
+  def __init__(self, num_tasks: int = 1, name: Optional[str] = None):
+    super().__init__(name=name)
+    self.num_tasks = int(num_tasks)
+    with self.name_scope:
+      self.mu = tf.Variable(tf.zeros([self.num_tasks]), trainable=False, name='mu')
+      self.nu = tf.Variable(tf.ones([self.num_tasks]), trainable=False, name='nu')
+      self.updates = tf.Variable(0.0, trainable=False, name='updates')
+
+  @classmethod
+  def sigma_of(cls, mu: tf.Tensor, nu: tf.Tensor) -> tf.Tensor:
+    """`sqrt(nu - mu**2)` clipped to `[SIGMA_MIN, SIGMA_MAX]`; any shape."""
+    var = tf.clip_by_value(nu - tf.square(mu), cls.SIGMA_MIN**2, cls.SIGMA_MAX**2)
+    return tf.sqrt(var)
+
+  @property
+  def sigma(self) -> tf.Tensor:
+    """float32 `[num_tasks]`."""
+    return self.sigma_of(self.mu, self.nu)
+
+  def updated(self, mean: tf.Tensor, mean_sq: tf.Tensor, beta: float):
+    """The statistics after one update with a batch's target moments.
+
+    Args:
+      mean: float32 `[num_tasks]`, the batch mean of the V-trace targets.
+      mean_sq: float32 `[num_tasks]`, the batch mean of their squares.
+      beta: the step size (`popart_beta`).
+
+    Returns:
+      `(mu, nu, updates)`: the new values of the variables (nothing is assigned).
+    """
+    updates = self.updates + 1.0
+    step = beta / (1.0 - tf.pow(1.0 - beta, updates))
+    mu = (1.0 - step) * self.mu + step * mean
+    nu = (1.0 - step) * self.nu + step * mean_sq
+    return mu, nu, updates
+
+  @staticmethod
+  def preserve(w: tf.Tensor, b: tf.Tensor, mu: tf.Tensor, sigma: tf.Tensor,
+               new_mu: tf.Tensor, new_sigma: tf.Tensor):
+    """The value head's last layer rescaled so `sigma * n(x) + mu` is unchanged.
+
+    Args:
+      w: float32 `[F, num_tasks]`, b: float32 `[num_tasks]`: the layer.
+      mu, sigma, new_mu, new_sigma: float32 `[num_tasks]`, old and new statistics.
+
+    Returns:
+      `(w', b')` with `w' = sigma / sigma' * w`, `b' = (sigma * b + mu - mu') /
+      sigma'`.
+    """
+    return w * (sigma / new_sigma), (sigma * b + mu - new_mu) / new_sigma
+
+
 class AgentNetwork(tf.Module):
   """Actor-critic network: torso, optional LSTM core, policy and baseline heads.
 
@@ -538,7 +611,8 @@ class AgentNetwork(tf.Module):
                num_actions: int, torso: str = 'mlp',
                mlp_hidden_sizes: Sequence[int] = (64, 64), use_lstm: bool = False,
                lstm_size: int = 256, seed: Optional[int] = None,
-               name: str = 'agent', spaces: Optional[tuple] = None):
+               name: str = 'agent', spaces: Optional[tuple] = None,
+               popart: bool = False, shared_torso: bool = True):
     """Builds the network and creates all its variables.
 
     Args:
@@ -554,6 +628,10 @@ class AgentNetwork(tf.Module):
       seed: int seed for the initial weights; None for a random one.
       name: module name (variable-name prefix).
       spaces: `(observation_space, action_space)` passed to the user's FUNCTION.
+      popart: whether the baseline head is PopArt-normalised (`popart` holds the
+        statistics; `baseline` outputs stay in return units).
+      shared_torso: False gives the baseline head its own MLP torso
+        (`value_torso`, same `mlp_hidden_sizes`); 'mlp' without LSTM only.
 
     Raises:
       ValueError: naming `network` for a torso that does not fit the observations
@@ -569,6 +647,9 @@ class AgentNetwork(tf.Module):
                        'space, action_space) for its FUNCTION')
     if int(num_actions) < 1:
       raise ValueError(f'num_actions={num_actions}: must be >= 1')
+    if not shared_torso and (torso != 'mlp' or use_lstm):
+      raise ValueError(f'shared_torso=False: needs the mlp torso without an LSTM, '
+                       f'got network={torso} use_lstm={use_lstm}')
     self.observation_shape = tuple(int(d) for d in observation_shape)
     self.observation_dtype = tf.as_dtype(observation_dtype)
     self.num_actions = int(num_actions)
@@ -595,7 +676,14 @@ class AgentNetwork(tf.Module):
         self.core = None
       self.policy_head = Linear(out_size, self.num_actions, seeds, init_scale=0.01,
                                 name='policy_logits')
-      self.baseline_head = Linear(out_size, 1, seeds, name='baseline')
+      self.value_torso = None
+      if not shared_torso:
+        self.value_torso = MLP(self.observation_shape, mlp_hidden_sizes, seeds,
+                               name='value_mlp')
+      self.baseline_head = Linear(
+          self.value_torso.output_size if self.value_torso else out_size, 1, seeds,
+          name='baseline')
+      self.popart = PopArt(1, name='popart') if popart else None
 
   # --- helpers -------------------------------------------------------------
 
@@ -618,13 +706,14 @@ class AgentNetwork(tf.Module):
           f'observation shape {observation.shape.as_list()}: expected '
           f'{lead_dims} leading dims then {list(self.observation_shape)}')
 
-  def _embed(self, observation: tf.Tensor) -> tf.Tensor:
-    """Torso of `[N, *observation_shape]` (any dtype) -> float32 `[N, F]`."""
+  def _embed(self, observation: tf.Tensor):
+    """`[N, *observation_shape]` (any dtype) -> (torso float32 `[N, F]`, value
+    torso float32 `[N, F_v]` or None when the torso is shared)."""
     if observation.dtype == tf.uint8:
       x = tf.cast(observation, tf.float32) / 255.0
     else:
       x = tf.cast(observation, tf.float32)
-    return self.torso(x)
+    return self.torso(x), (self.value_torso(x) if self.value_torso else None)
 
   def _core_input(self, torso_out, prev_action, reward) -> tf.Tensor:
     """float32 `[N, F]`, int32 `[N]`, float32 `[N]` -> float32 `[N, F + A + 1]`."""
@@ -633,11 +722,16 @@ class AgentNetwork(tf.Module):
     clipped = tf.clip_by_value(tf.cast(reward, tf.float32), -1.0, 1.0)
     return tf.concat([torso_out, one_hot, clipped[:, tf.newaxis]], axis=-1)
 
-  def _heads(self, x: tf.Tensor) -> types.AgentOutput:
-    """float32 `[N, F]` -> AgentOutput(`[N, A]`, `[N]`)."""
+  def _heads(self, x: tf.Tensor, value_x: Optional[tf.Tensor] = None
+             ) -> types.AgentOutput:
+    """float32 `[N, F]` (and the value torso's `[N, F_v]`, if separate) ->
+    AgentOutput(`[N, A]`, `[N]`), the baseline in return units."""
+    value = self.baseline_head(x if value_x is None else value_x)  # [N, 1]
+    if self.popart is not None:
+      value = value * self.popart.sigma + self.popart.mu
     return types.AgentOutput(
         policy_logits=self.policy_head(x),
-        baseline=tf.squeeze(self.baseline_head(x), axis=-1))
+        baseline=tf.squeeze(value, axis=-1))
 
   # --- public API ----------------------------------------------------------
 
@@ -656,9 +750,9 @@ class AgentNetwork(tf.Module):
     """
     observation = tf.convert_to_tensor(inputs.observation)
     self._check_observation(observation, 1)
-    x = self._embed(observation)
+    x, value_x = self._embed(observation)
     if not self.use_lstm:
-      return self._heads(x), ()
+      return self._heads(x, value_x), ()
     x = self._core_input(x, inputs.prev_action, inputs.reward)
     keep = 1.0 - tf.cast(inputs.first, tf.float32)[:, tf.newaxis]
     h, c = state if state else self.initial_state(tf.shape(observation)[0])
@@ -693,13 +787,13 @@ class AgentNetwork(tf.Module):
     lead = tf.shape(observation)[:2]
     flat_obs = tf.reshape(observation, tf.concat(
         [[-1], tf.constant(self.observation_shape, tf.int32)], axis=0))
-    x = self._embed(flat_obs)  # [T * B, F]
+    x, value_x = self._embed(flat_obs)  # [T * B, F], [T * B, F_v] or None
 
     def unflatten(t, trailing):
       return tf.reshape(t, tf.concat([lead, trailing], axis=0))
 
     if not self.use_lstm:
-      out = self._heads(x)
+      out = self._heads(x, value_x)
       return types.AgentOutput(
           policy_logits=unflatten(out.policy_logits, [self.num_actions]),
           baseline=unflatten(out.baseline, tf.zeros([0], tf.int32))), ()
@@ -808,7 +902,9 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
       use_lstm=config.use_lstm,
       lstm_size=config.lstm_size,
       seed=config.seed,
-      spaces=(observation_space, action_space))
+      spaces=(observation_space, action_space),
+      popart=config.popart,
+      shared_torso=config.shared_torso)
 
 
 class NumpyMLPPolicy:

@@ -100,33 +100,13 @@ def _shards(learner, batch):
   return next(iter(data.distribute(learner.strategy, lambda: ds)))
 
 
-def _reference_step(cfg, batch):
-  """The update by hand: a plain network, compute_loss, numpy clip and optimizer."""
-  net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
-  tm = lambda x: np.swapaxes(x, 0, 1)
-  state = tuple(batch[f'core_state_{i}'] for i in range(2)) if cfg.use_lstm else ()
-  rewards = tm(batch['reward'])[1:]
-  if cfg.reward_clipping == 'abs_one':
-    rewards = np.clip(rewards, -1, 1)
-  term, trunc = tm(batch['terminated']), tm(batch['truncated'])
-  with tf.GradientTape() as tape:
-    out, _ = net.unroll(types.AgentInput(
-        tm(batch['observation']), tm(batch['prev_action']), tm(batch['reward']),
-        tm(batch['first'])), state)
-    loss, _ = losses.compute_loss(
-        target_logits=out.policy_logits[:-1], values=out.baseline[:-1],
-        bootstrap_value=out.baseline[-1], actions=tm(batch['action'])[:-1],
-        behaviour_logits=tm(batch['behaviour_logits'])[:-1], rewards=rewards,
-        discounts=cfg.discounting * (1.0 - term[1:].astype(np.float32)),
-        mask=~(term | trunc)[:-1], baseline_cost=cfg.baseline_cost,
-        entropy_cost=cfg.entropy_cost)
-  grads = [g.numpy().astype(np.float64)
-           for g in tape.gradient(loss, net.trainable_variables)]
+def _apply_by_hand(cfg, variables, grads):
+  """Clip and one optimizer step from fresh slots, in float64 numpy."""
   norm = np.sqrt(sum(np.sum(g**2) for g in grads))
   if cfg.grad_clip > 0:
     grads = [g * min(1.0, cfg.grad_clip / norm) for g in grads]
   new = []
-  for w, g in zip(net.trainable_variables, grads):
+  for w, g in zip(variables, grads):
     w = w.numpy().astype(np.float64)
     if cfg.optimizer == 'rmsprop':
       ms = cfg.rmsprop_decay * 1.0 + (1 - cfg.rmsprop_decay) * g**2
@@ -136,7 +116,59 @@ def _reference_step(cfg, batch):
       v = (1 - cfg.adam_beta2) * g**2
       lr_t = cfg.learning_rate * np.sqrt(1 - cfg.adam_beta2) / (1 - cfg.adam_beta1)
       new.append(w - lr_t * m / (np.sqrt(v) + cfg.adam_epsilon))
-  return float(loss), norm, new
+  return norm, new
+
+
+def _tm(x):
+  return np.swapaxes(x, 0, 1)
+
+
+def _loss_inputs(cfg, batch, out):
+  """compute_loss's arguments (bar the costs) for a network output, by hand."""
+  rewards = _tm(batch['reward'])[1:] * cfg.reward_scale
+  if cfg.reward_clipping == 'abs_one':
+    rewards = np.clip(rewards, -1, 1)
+  term, trunc = _tm(batch['terminated']), _tm(batch['truncated'])
+  return dict(
+      target_logits=out.policy_logits[:-1], values=out.baseline[:-1],
+      bootstrap_value=out.baseline[-1], actions=_tm(batch['action'])[:-1],
+      behaviour_logits=_tm(batch['behaviour_logits'])[:-1], rewards=rewards,
+      discounts=cfg.discounting * (1.0 - term[1:].astype(np.float32)),
+      mask=~(term | trunc)[:-1])
+
+
+def _unroll(cfg, net, batch):
+  state = tuple(batch[f'core_state_{i}'] for i in range(2)) if cfg.use_lstm else ()
+  return net.unroll(types.AgentInput(
+      _tm(batch['observation']), _tm(batch['prev_action']), _tm(batch['reward']),
+      _tm(batch['first'])), state)[0]
+
+
+def _reference_step(cfg, batch):
+  """The update by hand: a plain network, compute_loss, numpy clip and optimizer.
+
+  Returns (loss, grad_norm, new trainable weights, per-term grad norms).
+  """
+  net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
+  with tf.GradientTape(persistent=True) as tape:
+    args = _loss_inputs(cfg, batch, _unroll(cfg, net, batch))
+    normalizer = (max(float(np.sum(args['mask'])), 1.0)
+                  if cfg.loss_reduction == 'mean' else 1.0)
+    loss, d = losses.compute_loss(
+        **args, baseline_cost=cfg.baseline_cost, entropy_cost=cfg.entropy_cost,
+        normalizer=normalizer)
+    terms = (d['policy_loss'], cfg.baseline_cost * d['baseline_loss'],
+             cfg.entropy_cost * d['entropy_loss'])
+  variables = net.trainable_variables
+  grads = [g.numpy().astype(np.float64) for g in tape.gradient(loss, variables)]
+  term_norms = []
+  for t in terms:
+    gs = [np.zeros(v.shape) if g is None else g.numpy()
+          for g, v in zip(tape.gradient(t, variables), variables)]
+    term_norms.append(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64))
+                                  for g in gs)))
+  norm, new = _apply_by_hand(cfg, variables, grads)
+  return float(loss), norm, new, term_norms
 
 
 @pytest.mark.parametrize('optimizer,use_lstm', [('rmsprop', False), ('adam', True)])
@@ -148,8 +180,9 @@ def test_one_replica_step_matches_hand_computed_update(optimizer, use_lstm):
   assert learner.strategy.num_replicas_in_sync == 1
   before = [v.numpy() for v in learner.network.trainable_variables]
   out = learner.step(_shards(learner, batch))
-  ref_loss, ref_norm, ref_weights = _reference_step(cfg, batch)
+  ref_loss, ref_norm, ref_weights, _ = _reference_step(cfg, batch)
   assert float(out['grad_norm']) > cfg.grad_clip  # Clipping happened.
+  assert float(out['grad_clipped']) == 1.0
   np.testing.assert_allclose(float(out['grad_norm']), ref_norm, rtol=1e-5)
   np.testing.assert_allclose(float(out['loss']), ref_loss, rtol=1e-5)
   for w0, v, ref in zip(before, learner.network.trainable_variables, ref_weights):
@@ -158,6 +191,138 @@ def test_one_replica_step_matches_hand_computed_update(optimizer, use_lstm):
               for w0, v in zip(before, learner.network.trainable_variables))
   assert moved > 1e-4
   assert int(learner.optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize('kw', [
+    dict(reward_scale=3.0, reward_clipping='abs_one'),  # Scaled, then clipped.
+    dict(loss_reduction='mean', grad_clip=0.05),
+    dict(shared_torso=False, reward_scale=0.5),
+])
+def test_loss_options_match_hand_computed_update(kw):
+  cfg = _config(**dict(dict(optimizer='adam', learning_rate=0.01, grad_clip=0.5),
+                       **kw))
+  batch = make_batch(seed=6)
+  learner = _make_learner(cfg)
+  out = learner.step(_shards(learner, batch))
+  ref_loss, ref_norm, ref_weights, ref_terms = _reference_step(cfg, batch)
+  np.testing.assert_allclose(float(out['loss']), ref_loss, rtol=1e-5)
+  np.testing.assert_allclose(float(out['grad_norm']), ref_norm, rtol=1e-5)
+  for v, ref in zip(learner.network.trainable_variables, ref_weights):
+    np.testing.assert_allclose(v.numpy(), ref, atol=1e-6, rtol=1e-5, err_msg=v.name)
+  # The gradient norm of each weighted term, on the same batch.
+  for name, ref in zip(('policy', 'baseline', 'entropy'), ref_terms):
+    np.testing.assert_allclose(float(out[f'grad_norm_{name}']), ref, rtol=1e-4,
+                               err_msg=name)
+  assert float(out['grad_clipped']) == float(ref_norm > cfg.grad_clip)
+
+
+def test_reward_scale_changes_the_loss_as_scaled_rewards_do():
+  batch = make_batch(seed=7)
+  scaled = dict(batch, reward=batch['reward'] * 0.25)
+  losses_seen = []
+  for scale, b in ((0.25, batch), (1.0, scaled), (1.0, batch)):
+    learner = _make_learner(_config(reward_scale=scale, grad_clip=0.0))
+    losses_seen.append(float(learner.step(_shards(learner, b))['loss']))
+  np.testing.assert_allclose(losses_seen[0], losses_seen[1], rtol=1e-6)
+  assert abs(losses_seen[0] - losses_seen[2]) > 1e-3
+
+
+def test_term_grad_norms_off_gives_the_same_update():
+  batch = make_batch(seed=8)
+  weights, outs = [], []
+  for on in (True, False):
+    learner = _make_learner(_config(loss_term_grad_norms=on, grad_clip=0.5))
+    outs.append(learner.step(_shards(learner, batch)))
+    weights.append(learner.get_weights())
+  for a, b in zip(*weights):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+  assert 'grad_norm_policy' in outs[0] and 'grad_norm_policy' not in outs[1]
+
+
+def _popart_reference(cfg, batch, mu0, nu0, updates0):
+  """One PopArt step by hand, in the order of Hessel et al.: V-trace targets with
+  the current statistics; new statistics; the head rescaled so V is preserved;
+  then the gradient of the normalised losses at the rescaled head.
+
+  Returns (new trainable weights, mu1, sigma1, grad norm).
+  """
+  net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
+  net.popart.mu.assign([mu0])
+  net.popart.nu.assign([nu0])
+  sigma0 = np.sqrt(nu0 - mu0**2)
+  out = _unroll(cfg, net, batch)
+  args = _loss_inputs(cfg, batch, out)
+  targets = losses.compute_targets(**args)
+  m = args['mask']
+  vs = targets.vs.numpy().astype(np.float64)[m]
+  step = cfg.popart_beta / (1 - (1 - cfg.popart_beta)**(updates0 + 1))
+  mu1 = (1 - step) * mu0 + step * vs.mean()
+  nu1 = (1 - step) * nu0 + step * np.mean(vs**2)
+  sigma1 = np.sqrt(nu1 - mu1**2)
+  head = net.baseline_head
+  head.w.assign(head.w.numpy() * sigma0 / sigma1)
+  head.b.assign((sigma0 * head.b.numpy() + mu0 - mu1) / sigma1)
+  net.popart.mu.assign([mu1])
+  net.popart.nu.assign([nu1])
+  with tf.GradientTape() as tape:
+    out2 = _unroll(cfg, net, batch)
+    normalised = (out2.baseline[:-1] - mu1) / sigma1  # The head's own output.
+    zeros = tf.zeros_like(normalised)
+    err = normalised - (targets.vs - mu1) / sigma1
+    bl = tf.reduce_sum(tf.where(m, 0.5 * tf.square(err), zeros))
+    pg = tf.reduce_sum(tf.where(m, losses.policy_gradient_loss(
+        out2.policy_logits[:-1], args['actions'],
+        targets.pg_advantages / sigma1), zeros))
+    ent = tf.reduce_sum(tf.where(m, losses.entropy_loss(out2.policy_logits[:-1]),
+                                 zeros))
+    loss = pg + cfg.baseline_cost * bl + cfg.entropy_cost * ent
+  # The rescaled head preserved every output in return units.
+  np.testing.assert_allclose(out2.baseline.numpy(), out.baseline.numpy(),
+                             rtol=1e-5, atol=1e-5)
+  variables = net.trainable_variables
+  grads = [g.numpy().astype(np.float64) for g in tape.gradient(loss, variables)]
+  norm, new = _apply_by_hand(cfg, variables, grads)
+  return new, mu1, sigma1, norm
+
+
+@pytest.mark.parametrize('optimizer', ['rmsprop', 'adam'])
+def test_popart_step_matches_hand_computation(optimizer):
+  cfg = _config(optimizer=optimizer, popart=True, popart_beta=0.2,
+                learning_rate=0.05, grad_clip=0.5)
+  batch = make_batch(seed=9, reward_scale=5.0)
+  mu0, nu0, updates0 = -3.0, 13.0, 3.0  # sigma0 = 2; the 4th update.
+  learner = _make_learner(cfg)
+  popart = learner.network.popart
+  popart.mu.assign([mu0])
+  popart.nu.assign([nu0])
+  popart.updates.assign(updates0)
+  out = learner.step(_shards(learner, batch))
+  ref_weights, mu1, sigma1, ref_norm = _popart_reference(cfg, batch, mu0, nu0,
+                                                         updates0)
+  np.testing.assert_allclose(float(out['popart_mu']), mu1, rtol=1e-5)
+  np.testing.assert_allclose(float(out['popart_sigma']), sigma1, rtol=1e-5)
+  np.testing.assert_allclose(popart.mu.numpy(), [mu1], rtol=1e-5)
+  np.testing.assert_allclose(float(popart.sigma[0]), sigma1, rtol=1e-5)
+  assert float(popart.updates.numpy()) == updates0 + 1
+  assert abs(mu1 - mu0) > 0.1 and abs(sigma1 - np.sqrt(nu0 - mu0**2)) > 0.1
+  np.testing.assert_allclose(float(out['grad_norm']), ref_norm, rtol=1e-4)
+  for v, ref in zip(learner.network.trainable_variables, ref_weights):
+    np.testing.assert_allclose(v.numpy(), ref, atol=2e-6, rtol=1e-4, err_msg=v.name)
+
+
+def test_popart_first_update_takes_the_batch_moments():
+  # Debiased: the first update sets mu and nu to the batch's target moments,
+  # whatever beta is, and the initial (0, 1) leaves no trace.
+  cfg = _config(popart=True, popart_beta=1e-4)
+  batch = make_batch(seed=10, reward_scale=50.0)
+  learner = _make_learner(cfg)
+  out = learner.step(_shards(learner, batch))
+  net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
+  args = _loss_inputs(cfg, batch, _unroll(cfg, net, batch))
+  vs = losses.compute_targets(**args).vs.numpy()[args['mask']].astype(np.float64)
+  np.testing.assert_allclose(float(out['popart_mu']), vs.mean(), atol=1e-4)
+  np.testing.assert_allclose(float(out['popart_sigma']), vs.std(), rtol=1e-4)
+  assert vs.std() > 5
 
 
 def test_repeated_steps_decrease_the_loss():
@@ -252,8 +417,10 @@ def test_learner_applies_reward_clipping():
   assert abs(results[0][0] - results[2][0]) > 1e-3
 
 
-def test_non_finite_update_is_skipped_and_counted():
-  cfg = _config(optimizer='adam', learning_rate=0.01)
+@pytest.mark.parametrize('popart', [False, True])
+def test_non_finite_update_is_skipped_and_counted(popart):
+  # With PopArt the statistics and the value head stay as they are too.
+  cfg = _config(optimizer='adam', learning_rate=0.01, popart=popart)
   learner = _make_learner(cfg)
   good = make_batch(seed=4)
   out = learner.step(_shards(learner, good))
@@ -359,6 +526,13 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
                    entropy_cost=0.05),
       # A NaN reward in the second replica's shard only: both skip the update.
       'nonfinite': dict(optimizer='adam', learning_rate=0.01, grad_clip=0.5),
+      # PopArt statistics from the whole batch's moments on every replica, and
+      # the loss divided by the whole batch's valid steps.
+      'popart_mean': dict(optimizer='adam', learning_rate=0.01, grad_clip=1e-3,
+                          popart=True, popart_beta=0.3, loss_reduction='mean'),
+      'popart_value_torso': dict(optimizer='rmsprop', learning_rate=0.05,
+                                 grad_clip=0.5, popart=True, shared_torso=False,
+                                 reward_scale=10.0, loss_term_grad_norms=False),
   }
   for i, (name, kw) in enumerate(specs.items()):
     cfg = _config(**kw)

@@ -278,11 +278,59 @@ def test_wrong_rank_raises():
     losses.entropy_loss(np.zeros([3, 4], np.float32))
 
 
+def test_value_scale_and_normalizer_match_numpy():
+  # PopArt's sigma divides the value error and the advantages; the normalizer
+  # (loss_reduction='mean') divides every term.
+  d = _batch(seed=3)
+  scale, norm = 2.5, 17.0
+  loss, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01,
+                                   value_scale=scale, normalizer=norm)
+  tlp, _, vs, adv = _np_targets(d)
+  m = d['mask']
+  lp = _np_log_softmax(d['target_logits'].astype(np.float64))
+  pg = np.sum(np.where(m, -tlp * adv / scale, 0)) / norm
+  bl = np.sum(np.where(m, 0.5 * ((vs - d['values']) / scale)**2, 0)) / norm
+  en = np.sum(np.where(m, (np.exp(lp) * lp).sum(-1), 0)) / norm
+  np.testing.assert_allclose(float(diag['policy_loss']), pg, rtol=1e-5)
+  np.testing.assert_allclose(float(diag['baseline_loss']), bl, rtol=1e-5)
+  np.testing.assert_allclose(float(diag['entropy_loss']), en, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), pg + 0.5 * bl + 0.01 * en, rtol=1e-5)
+  # Diagnostics of the targets stay in return units, entropy_sum unnormalised.
+  np.testing.assert_allclose(float(diag['advantage_sum']),
+                             np.sum(np.where(m, adv, 0)), rtol=1e-5)
+  np.testing.assert_allclose(float(diag['entropy_sum']), -en * norm, rtol=1e-5)
+
+
+def test_compute_targets_match_numpy_and_can_be_passed_in():
+  d = _batch(seed=4)
+  targets = losses.compute_targets(**d)
+  _, _, vs, adv = _np_targets(d)
+  np.testing.assert_allclose(targets.vs.numpy(), vs, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(targets.pg_advantages.numpy(), adv, rtol=1e-5,
+                             atol=1e-5)
+  a, _ = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01)
+  b, _ = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01,
+                             targets=targets)
+  assert float(a) == float(b)
+
+
+def test_policy_lag_diagnostics_match_numpy():
+  d = _batch(seed=5)
+  _, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01)
+  tlp, blp, _, _ = _np_targets(d)
+  m = d['mask']
+  log_rho = tlp - blp
+  np.testing.assert_allclose(float(diag['log_rho_abs_sum']),
+                             np.sum(np.where(m, np.abs(log_rho), 0)), rtol=1e-5)
+  assert float(diag['rho_above_1p1_count']) == np.sum(m & (np.exp(log_rho) > 1.1))
+  assert 0 < float(diag['rho_above_1p1_count']) < np.sum(m)  # Not trivial.
+
+
 def test_summarize_diagnostics():
   sums = {'loss': 10.0, 'policy_loss': 4.0, 'baseline_loss': 8.0,
           'entropy_loss': -6.0, 'num_valid': 4.0, 'entropy_sum': 6.0, 'rho_sum': 3.0,
           'rho_clipped_count': 1.0, 'advantage_sum': 2.0, 'advantage_sq_sum': 5.0,
-          'value_sum': -2.0}
+          'value_sum': -2.0, 'log_rho_abs_sum': 0.8, 'rho_above_1p1_count': 3.0}
   out = losses.summarize_diagnostics(
       dict({k: tf.constant(v) for k, v in sums.items()}, extra=tf.zeros([3])))
   assert all(isinstance(v, float) for v in out.values())
@@ -292,5 +340,7 @@ def test_summarize_diagnostics():
   np.testing.assert_allclose(out['advantage_std'], 1.0)
   assert out['value_mean'] == -0.5 and out['loss'] == 10.0
   assert out['policy_loss'] == 4.0 and out['num_valid'] == 4.0
+  np.testing.assert_allclose(out['log_rho_abs_mean'], 0.2)
+  assert out['rho_above_1p1_fraction'] == 0.75
   empty = losses.summarize_diagnostics(dict(sums, num_valid=0.0))
   assert empty['entropy'] == 0.0 and empty['advantage_std'] == 0.0

@@ -59,9 +59,17 @@ SECTIONS = {
     'advantage_mean': 'loss',
     'advantage_std': 'loss',
     'value_mean': 'loss',
+    'log_rho_abs_mean': 'loss',
+    'rho_above_1p1_fraction': 'loss',
+    'popart_mu': 'loss',
+    'popart_sigma': 'loss',
     # The update.
     'learning_rate': 'optimizer',
     'grad_norm': 'optimizer',
+    'grad_norm_policy': 'optimizer',
+    'grad_norm_baseline': 'optimizer',
+    'grad_norm_entropy': 'optimizer',
+    'grad_clipped_fraction': 'optimizer',
     'nonfinite_updates': 'optimizer',
     # Frames, steps and time.
     'env_frames': 'throughput',

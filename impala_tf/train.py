@@ -12,7 +12,10 @@ TF_CPP_MIN_LOG_LEVEL is set or `--verbosity=1` is passed (`impala_tf.quiet`).
 import os
 import signal
 import sys
+import sysconfig
 import threading
+import traceback
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -43,7 +46,10 @@ def validated_config() -> config_lib.Config:
     envpool_env.resolve_backend(cfg.env_backend, cfg.env, cfg.noop_max)
     if config_lib.is_user_network(cfg.network):
       from impala_tf import networks  # pylint: disable=g-import-not-at-top
-      networks.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
+      try:
+        networks.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
+      except config_lib.ConfigError as e:
+        raise with_user_code_location(e, FLAGS.verbosity) from None
     from impala_tf import rundir  # pylint: disable=g-import-not-at-top
     rundir.check_logdir(cfg.logdir)
     rundir.check_not_locked(cfg.logdir)  # Also taken by the run; this is quick.
@@ -68,7 +74,8 @@ def main(argv):
     print(f'{PROG}: error: {e}', file=sys.stderr)
     sys.exit(1)
   except config_lib.ConfigError as e:  # E.g. a --network torso that does not fit.
-    flags_lib.exit_with_error(f'--{e}', PROG)
+    flags_lib.exit_with_error(
+        f'--{with_user_code_location(e, FLAGS.verbosity)}', PROG)
   m = result.metrics
   ret = m.get('episode_return_mean')
   print(f'{PROG}: done: env_frames={m.get("env_frames")} learner_steps='
@@ -76,6 +83,57 @@ def main(argv):
         f'{"n/a" if ret is None else round(ret, 2)} wall_seconds='
         f'{m.get("wall_seconds", 0.0):.1f} logdir={result.logdir}', flush=True)
   _exit_now(0)
+
+
+def _is_library_file(filename: str) -> bool:
+  """Whether `filename` is impala_tf's, an installed package's or Python's own."""
+  if filename.startswith('<'):  # <frozen importlib._bootstrap>, <string>, ...
+    return True
+  path = os.path.realpath(filename)
+  package_dir = os.path.dirname(os.path.realpath(__file__))
+  if path.startswith(package_dir + os.sep):
+    return True
+  parts = path.split(os.sep)
+  if 'site-packages' in parts or 'dist-packages' in parts:
+    return True
+  stdlib = os.path.realpath(sysconfig.get_paths()['stdlib'])
+  return path.startswith(stdlib + os.sep)
+
+
+def user_code_location(error: BaseException) -> Optional[str]:
+  """`file:line` of the innermost frame of `error`'s traceback in the user's code.
+
+  The user's code is any file that is not impala_tf's, an installed package's
+  (site-packages) or Python's. A SyntaxError names its own file and line.
+  """
+  if isinstance(error, SyntaxError) and error.filename and error.lineno:
+    return f'{error.filename}:{error.lineno}'
+  found = None
+  for frame in traceback.extract_tb(error.__traceback__):
+    if not _is_library_file(frame.filename):
+      found = f'{frame.filename}:{frame.lineno}'
+  return found
+
+
+def with_user_code_location(error: config_lib.ConfigError,
+                            verbosity: int) -> config_lib.ConfigError:
+  """`error` (about --network=MODULE:FUNCTION) with where the user's code failed.
+
+  The one-line error of a user torso that raised says what it raised; this adds
+  `(at FILE:LINE)`, the innermost frame in the user's own file, from the
+  exception the error was raised while handling. With `--verbosity=1` (or more)
+  that exception's full traceback is printed to stderr first.
+  """
+  cause = error.__cause__ or error.__context__
+  if error.field != 'network' or cause is None:
+    return error
+  if verbosity >= 1:
+    traceback.print_exception(type(cause), cause, cause.__traceback__)
+  where = user_code_location(cause)
+  if where is None:
+    return error
+  return config_lib.ConfigError(error.field, error.value,
+                                f'{error.allowed} (at {where})')
 
 
 def _stop_on_signals(stop: threading.Event) -> None:

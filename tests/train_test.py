@@ -439,6 +439,65 @@ def test_second_run_on_a_busy_logdir_is_refused_while_the_first_runs(tmp_path):
   assert 'nothing to train' in again.stdout
 
 
+# --- errors in the user's own torso (--network=MODULE:FUNCTION) ---------------------
+
+_TORSO_RAISES = '''import tensorflow as tf
+
+
+def helper(x):
+  return undefined_name + x  # Line 5.
+
+
+def torso(observation_space, action_space):
+  del observation_space, action_space
+  return helper(1)
+'''
+
+_IMPORT_RAISES = '''import os
+
+VALUE = os.path.join('a', missing_at_import)  # Line 3.
+
+
+def torso(observation_space, action_space):
+  return None
+'''
+
+
+def _run_user_torso(tmp_path, name, source, *flags):
+  (tmp_path / f'{name}.py').write_text(source)
+  env = dict(_env())
+  env['PYTHONPATH'] = str(tmp_path) + os.pathsep + env['PYTHONPATH']
+  return subprocess.run(
+      _train_cmd(*TINY, f'--network={name}:torso', f'--logdir={tmp_path / "run"}',
+                 *flags), cwd=REPO, env=env, capture_output=True, text=True,
+      timeout=180)
+
+
+@pytest.mark.parametrize('source,expected', [
+    (_TORSO_RAISES, "user_torso_a.torso(observation_space, action_space) raised "
+     "NameError: name 'undefined_name' is not defined (at {file}:5)"),
+    (_IMPORT_RAISES, "importing module 'user_torso_b' failed: NameError: name "
+     "'missing_at_import' is not defined (at {file}:3)"),
+], ids=['in_torso', 'at_import'])
+def test_user_torso_error_names_its_file_and_line(tmp_path, source, expected):
+  name = 'user_torso_a' if source is _TORSO_RAISES else 'user_torso_b'
+  result = _run_user_torso(tmp_path, name, source)
+  assert result.returncode == 2, result.stderr[-3000:]
+  expected = expected.format(file=tmp_path / f'{name}.py')
+  assert _own_stderr_lines(result.stderr) == [
+      f'{PROG}: error: --network={name}:torso: {expected}'], result.stderr[-3000:]
+
+
+def test_user_torso_error_with_verbosity_one_prints_the_traceback(tmp_path):
+  result = _run_user_torso(tmp_path, 'user_torso_c', _TORSO_RAISES, '--verbosity=1')
+  assert result.returncode == 2, result.stderr[-3000:]
+  err = result.stderr
+  assert 'Traceback (most recent call last):' in err, err[-3000:]
+  assert f'File "{tmp_path / "user_torso_c.py"}", line 5, in helper' in err
+  assert err.rstrip().splitlines()[-1].endswith(
+      f'(at {tmp_path / "user_torso_c.py"}:5)'), err[-3000:]
+
+
 # --- SIGINT / SIGTERM ---------------------------------------------------------------
 
 

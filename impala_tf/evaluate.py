@@ -217,10 +217,9 @@ def _caption(frame: np.ndarray, text: str) -> np.ndarray:
   except TypeError:  # Pillow < 10.1: a fixed bitmap font.
     font = ImageFont.load_default()
   draw = ImageDraw.Draw(image)
-  left, top, right, bottom = draw.textbbox((2, 2), text, font=font)
+  _, _, right, bottom = draw.textbbox((2, 2), text, font=font)
   draw.rectangle((0, 0, right + 2, bottom + 2), fill=(0, 0, 0))
   draw.text((2, 2), text, fill=(255, 255, 255), font=font)
-  del left, top
   return np.asarray(image)
 
 

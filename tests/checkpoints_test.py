@@ -193,8 +193,9 @@ def test_read_error_that_is_not_damage_stops_and_touches_nothing(
 
   monkeypatch.setattr(checkpoints, '_check_files', check_files)
   fresh = _state(9)
-  with pytest.raises(checkpoints.CheckpointReadError) as e:
+  with pytest.raises(checkpoints.RunDirError) as e:  # Not an older checkpoint.
     checkpoints.Checkpointer(str(tmp_path), 3, **fresh).restore_latest()
+  assert type(e.value).__name__ == 'CheckpointReadError'
   message = str(e.value)
   assert '\n' not in message
   assert message.startswith(f'checkpoint {paths[-1]} cannot be read ('), message
@@ -214,7 +215,7 @@ def test_restore_network_does_not_fall_back_on_other_read_errors(
   real = checkpoints._check_files  # pylint: disable=protected-access
   monkeypatch.setattr(checkpoints, '_check_files', lambda p: (
       (_ for _ in ()).throw(error) if p == paths[-1] else real(p)))
-  with pytest.raises(checkpoints.CheckpointReadError,
+  with pytest.raises(checkpoints.RunDirError,
                      match=f'^checkpoint {paths[-1]} cannot be read'):
     checkpoints.restore_network(str(tmp_path))
 

@@ -1,9 +1,11 @@
 """impala_tf does not depend on which Keras is installed.
 
 A short training run in a subprocess with Keras 2 as `tf.keras` passes as it does with
-the default Keras 3: on TensorFlow >= 2.16 that is `TF_USE_LEGACY_KERAS=1` + tf-keras
-(skipped, saying what to install, when tf-keras is absent); on older TensorFlow
-`tf.keras` is Keras 2 already (the variable is ignored). impala_tf imports no Keras
+the default Keras 3: where TensorFlow honours `TF_USE_LEGACY_KERAS=1` (its lazy Keras
+loader reads the variable: 2.16+, and also the 2.13-2.15 releases) that is the
+variable + tf-keras (skipped, saying what to install, when tf-keras is absent); on
+older TensorFlow `tf.keras` is Keras 2 already (the variable is ignored). impala_tf
+imports no Keras
 module: TensorFlow
 itself imports (tf_)keras on `import tensorflow`, so the subprocess records the Keras
 modules loaded after `import tensorflow` and asserts that importing impala_tf and
@@ -12,6 +14,7 @@ training adds none. A source check backs this up.
 
 import ast
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -97,12 +100,71 @@ def _tf_keras_installed():
   return importlib.util.find_spec('tf_keras') is not None
 
 
+def _tf_honours_legacy_keras_switch():
+  """Whether this TensorFlow routes `tf.keras` to tf-keras on TF_USE_LEGACY_KERAS=1.
+
+  Read from TensorFlow's lazy Keras loader, not guessed from the version: 2.15.1
+  reads the variable (and fails without tf-keras) although it ships Keras 2.
+  """
+  try:
+    from tensorflow.python.util import lazy_loader  # pylint: disable=g-import-not-at-top
+    return 'TF_USE_LEGACY_KERAS' in inspect.getsource(lazy_loader)
+  except (ImportError, OSError, TypeError):
+    return _tf_minor() >= (2, 16)
+
+
+def legacy_keras_skip_reason(tf_version, honours_switch, tf_keras_installed):
+  """Why the TF_USE_LEGACY_KERAS=1 run cannot run here, or None when it can."""
+  if honours_switch and not tf_keras_installed:
+    major, minor = tf_version.split('.')[:2]
+    return (f'needs tf-keras matching TensorFlow {tf_version}: pip install '
+            f'"tf-keras~={major}.{minor}.0"')
+  return None
+
+
+@pytest.mark.parametrize('version,honours,installed,skips', [
+    ('2.21.0', True, False, True),
+    ('2.16.2', True, False, True),
+    ('2.15.1', True, False, True),  # Failed 'Keras cannot be imported' before.
+    ('2.15.1', True, True, False),
+    ('2.12.1', False, False, False),  # tf.keras is Keras 2; the variable ignored.
+])
+def test_legacy_keras_skip_reason(version, honours, installed, skips):
+  reason = legacy_keras_skip_reason(version, honours, installed)
+  assert (reason is not None) == skips
+  if skips:
+    minor = '.'.join(version.split('.')[:2])
+    assert reason.endswith(f'pip install "tf-keras~={minor}.0"'), reason
+
+
+def test_legacy_keras_run_skips_with_its_reason_without_tf_keras(tmp_path):
+  # tf-keras hidden from the test process and its children: sys.modules['tf_keras']
+  # = None makes find_spec return None and `import tf_keras` fail, as when it is
+  # not installed.
+  if not _tf_honours_legacy_keras_switch():
+    pytest.skip(f'TensorFlow {tf.__version__} ignores TF_USE_LEGACY_KERAS')
+  hide = tmp_path / 'hide_tf_keras'
+  hide.mkdir()
+  (hide / 'sitecustomize.py').write_text(
+      "import sys\nsys.modules['tf_keras'] = None\n")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(hide), _REPO, os.environ.get('PYTHONPATH', '')]),
+             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-q', '-rs', '-p', 'no:cacheprovider',
+       f'{__file__}::test_training_with_legacy_keras'], capture_output=True,
+      text=True, env=env, cwd=_REPO, timeout=300, check=False)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-5000:]
+  assert '1 skipped' in out and 'needs tf-keras matching TensorFlow' in out, out[-3000:]
+
+
 @pytest.mark.parametrize('legacy', ['1'])
 def test_training_with_legacy_keras(tmp_path, legacy):
-  if _tf_minor() >= (2, 16) and not _tf_keras_installed():
-    major, minor = _tf_minor()
-    pytest.skip(f'needs tf-keras matching TensorFlow {tf.__version__}: '
-                f'pip install "tf-keras~={major}.{minor}.0"')
+  reason = legacy_keras_skip_reason(tf.__version__, _tf_honours_legacy_keras_switch(),
+                                    _tf_keras_installed())
+  if reason:
+    pytest.skip(reason)
   script = tmp_path / 'keras_check.py'
   script.write_text(_SCRIPT)
   logdir = tmp_path / 'run'
@@ -117,9 +179,9 @@ def test_training_with_legacy_keras(tmp_path, legacy):
   out = json.loads(lines[-1][len('RESULT '):])
   assert out['legacy'] == legacy
   if legacy == '1':
-    # The run really used Keras 2 as tf.keras: tf-keras (TF >= 2.16 honoured the
+    # The run really used Keras 2 as tf.keras: tf-keras (TensorFlow honoured the
     # switch), or the keras 2.x package that older TensorFlow ships as tf.keras.
-    if _tf_minor() >= (2, 16):
+    if _tf_honours_legacy_keras_switch():
       assert out['tf_keras_loaded']
       assert out['tf_keras_root'] == 'tf_keras', out
     else:

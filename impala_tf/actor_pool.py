@@ -225,13 +225,17 @@ class _ActorThread(threading.Thread):
     super().__init__(name=f'actor-{actor_id}', daemon=True)
     self.actor_id = actor_id
     self._pool = pool
-    self.steps_done = 0  # Steps of actors that died, plus the current actor's.
+    self.steps_done = 0  # Steps of the actors this thread ran that have ended.
     self.actor: Optional[actor_lib.Actor] = None
     self.restarts = 0
+    # Held while an ended actor's steps move into steps_done, so that a reader
+    # never counts them twice (or not at all).
+    self._steps_lock = threading.Lock()
 
   @property
   def steps(self) -> int:
-    return self.steps_done + (self.actor.steps if self.actor else 0)
+    with self._steps_lock:
+      return self.steps_done + (self.actor.steps if self.actor else 0)
 
   def run(self):
     pool, stop = self._pool, self._pool.stop_event
@@ -252,8 +256,9 @@ class _ActorThread(threading.Thread):
         self.restarts += 1
       finally:
         if self.actor is not None:
-          self.steps_done += self.actor.steps
-          self.actor.steps = 0
+          with self._steps_lock:
+            self.steps_done += self.actor.steps
+            self.actor.steps = 0
           self.actor.close()
 
 

@@ -12,6 +12,7 @@ first op); `get_strategy` then returns a `tf.distribute.MirroredStrategy` over:
 
 from typing import List
 
+from absl import logging
 import tensorflow as tf
 
 from impala_tf import config as config_lib
@@ -40,15 +41,36 @@ def configure_devices(num_virtual_cpu_devices: int = 0, num_gpus: int = 0):
     num_virtual_cpu_devices: int, logical CPU devices to create (0 or 1: none).
     num_gpus: int, GPUs the learner uses; the others are hidden from TensorFlow.
 
+  Once TensorFlow has initialised its devices (an op ran), the GPUs seen can no
+  longer change. GPUs that should be hidden but stay visible are only warned about
+  (the learner names its devices, so it still trains on the ones asked for, but
+  TensorFlow may reserve memory on the others); too few visible is an error.
+
   Raises:
     RuntimeError: when TensorFlow's devices are already initialised with a different
-      layout (configure devices before running any TensorFlow op).
+      layout (configure devices before running any TensorFlow op): fewer GPUs
+      visible than `num_gpus`, or another number of CPU devices.
   """
   cpus = tf.config.list_physical_devices('CPU')
   gpus = tf.config.list_physical_devices('GPU')
+  if gpus:
+    want = gpus[:num_gpus]
+    try:
+      tf.config.set_visible_devices(want, 'GPU')
+    except RuntimeError:  # Initialised: the layout it has stays.
+      visible = tf.config.get_visible_devices('GPU')
+      missing = [d.name for d in want if d not in visible]
+      extra = [d.name for d in visible if d not in want]
+      initialised = ('TensorFlow initialised its devices before configure_devices '
+                     'ran (configure devices before any TensorFlow op runs, e.g. '
+                     'in a fresh process)')
+      if missing:
+        raise RuntimeError(f'num_gpus={num_gpus}: {", ".join(missing)} hidden; '
+                           f'{initialised}') from None
+      if extra:
+        logging.warning('num_gpus=%d: %s stay visible, not hidden; %s', num_gpus,
+                        ', '.join(extra), initialised)
   try:
-    if gpus:
-      tf.config.set_visible_devices(gpus[:num_gpus], 'GPU')
     if num_virtual_cpu_devices > 1:
       tf.config.set_logical_device_configuration(
           cpus[0], [tf.config.LogicalDeviceConfiguration()] * num_virtual_cpu_devices)

@@ -48,12 +48,14 @@ VERBOSE_FROM = 1
 _VERBOSITY_ARG_RE = re.compile(r'^--?(verbosity|v)(=(.*))?$')
 
 # A line of TensorFlow's native (absl C++) logging, or one it prints with them.
+# Not a FATAL (F) line, which says why the process is about to abort; and not a
+# line of absl's Python logging, which has the same layout but names a .py file.
 NATIVE_LOG_RE = re.compile(
     r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
-    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*'
+    r'written to STDERR|[IWE]\d{4} [\d:.]+\s+\d+ \S+(?<!\.py):\d+\] .*|To '
+    r'enable the following instructions: .*'
     # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
-    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
+    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWE] \S+(?<!\.py):\d+\] .*)$')
 
 
 _TF_PATH_RE = re.compile(r'[\\/](tensorflow|tf_keras|keras|tsl|absl)[\\/]')

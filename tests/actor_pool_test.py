@@ -70,6 +70,7 @@ def test_thread_pool_chunks_steps_episodes_and_stop():
   pool.stop()
   assert stop.is_set() and pool.get_chunk() is None
   steps = pool.steps
+  time.sleep(0.5)  # Long enough for a running actor to add several unrolls.
   assert pool.steps == steps  # Stopped: nothing steps any more.
   assert pool.restarts == 0 and pool.error is None
 
@@ -142,6 +143,56 @@ def test_make_actor_builds_the_configured_actor():
     act.close()
   assert chunk['observation'].shape == (3, 5, 3)
   np.testing.assert_array_equal(chunk['unroll_id'], 2**40 + np.arange(3))
+
+
+class _FoldProbe:
+  """An actor that dies after 5 steps; when its steps are folded into the
+  thread's total (`steps = 0`), another thread reads the total."""
+
+  def __init__(self, stop):
+    self._steps = 5
+    self._stop = stop
+    self.thread = None
+    self.seen = []
+
+  @property
+  def steps(self):
+    return self._steps
+
+  @steps.setter
+  def steps(self, value):
+    if value == 0 and self._steps:
+      reader = threading.Thread(target=lambda: self.seen.append(self.thread.steps))
+      reader.start()
+      reader.join(timeout=0.5)  # Blocks for the whole fold, if it is locked.
+      self.reader = reader
+    self._steps = value
+
+  def run(self):
+    self._stop.set()
+    raise RuntimeError('died')
+
+  def close(self):
+    pass
+
+
+def test_steps_read_during_a_fold_are_counted_once():
+  stop = threading.Event()
+  probe = _FoldProbe(stop)
+
+  class FakePool:
+    stop_event = stop
+
+    def build(self, actor_id, restarts):
+      del actor_id, restarts
+      return probe
+
+  thread = actor_pool._ActorThread(FakePool(), 0)  # pylint: disable=protected-access
+  probe.thread = thread
+  thread.run()  # In this thread: the actor dies, its 5 steps are folded in.
+  probe.reader.join(timeout=5)
+  assert probe.seen == [5]  # Not 10: steps_done and the actor's both.
+  assert thread.steps == 5
 
 
 def test_make_actor_closes_its_env_when_the_network_build_fails(monkeypatch):

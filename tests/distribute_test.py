@@ -41,6 +41,45 @@ def test_virtual_devices_without_configure_raise():
     distribute.get_strategy(num_virtual_cpu_devices=3)
 
 
+def _fake_gpus(monkeypatch, num, visible):
+  """TensorFlow with `num` GPUs, initialised with the first `visible` shown."""
+  gpus = [tf.config.PhysicalDevice(f'/physical_device:GPU:{i}', 'GPU')
+          for i in range(num)]
+  real_list = tf.config.list_physical_devices
+  monkeypatch.setattr(tf.config, 'list_physical_devices', lambda kind=None: (
+      list(gpus) if kind == 'GPU' else real_list(kind)))
+
+  def set_visible_devices(devices, kind=None):
+    raise RuntimeError('Visible devices cannot be modified after being initialized')
+
+  monkeypatch.setattr(tf.config, 'set_visible_devices', set_visible_devices)
+  monkeypatch.setattr(tf.config, 'get_visible_devices', lambda kind=None: (
+      gpus[:visible] if kind == 'GPU' else []))
+  warnings = []
+  monkeypatch.setattr(distribute.logging, 'warning',
+                      lambda msg, *args: warnings.append(msg % args))
+  return warnings
+
+
+def test_gpus_that_cannot_be_hidden_any_more_are_warned_about(monkeypatch):
+  warnings = _fake_gpus(monkeypatch, num=2, visible=2)
+  distribute.configure_devices(num_gpus=1)
+  assert warnings == [
+      'num_gpus=1: /physical_device:GPU:1 stay visible, not hidden; TensorFlow '
+      'initialised its devices before configure_devices ran (configure devices '
+      'before any TensorFlow op runs, e.g. in a fresh process)']
+  distribute.configure_devices(num_gpus=2)  # The layout it has: nothing to say.
+  assert len(warnings) == 1
+
+
+def test_gpus_asked_for_but_hidden_for_good_are_an_error(monkeypatch):
+  warnings = _fake_gpus(monkeypatch, num=2, visible=1)
+  with pytest.raises(RuntimeError,
+                     match=r'^num_gpus=2: /physical_device:GPU:1 hidden; '):
+    distribute.configure_devices(num_gpus=2)
+  assert not warnings
+
+
 def test_check_gpus_asks_for_more_than_visible():
   # On a GPU-less machine (CI, this test's home) found == 0 and num_gpus=1 fails.
   found = len(distribute.visible_gpus())

@@ -162,12 +162,41 @@ def test_library_errors_say_what_is_missing(run, tmp_path):
     evaluate.evaluate(str(tmp_path), source='saved_model')
 
 
-def test_library_evaluate_sources_agree(run):
+def _fixed_logits(policy, steps=3, batch=5):
+  """`policy`'s logits on fixed inputs over `steps` steps, state fed back."""
+  rng = np.random.default_rng(0)
+  state = policy.initial_state(batch)
+  logits = []
+  for t in range(steps):
+    out, state = policy(rng.normal(size=(batch, 3)).astype(np.float32),
+                        rng.integers(0, 2, batch).astype(np.int32),
+                        rng.normal(size=batch).astype(np.float32),
+                        np.full(batch, t == 0), state)
+    logits.append(np.asarray(out))
+  return np.stack(logits)
+
+
+def test_library_evaluate_sources_agree(run, monkeypatch):
+  # The chain env pays every policy the same, so equal returns prove nothing: the
+  # policies evaluate() loads from each source are compared on fixed inputs.
+  logits = {}
+  real_run_episodes = evaluate.run_episodes
+
+  def run_episodes(config, policy, *args, **kwargs):
+    logits[len(logits)] = _fixed_logits(policy)
+    return real_run_episodes(config, policy, *args, **kwargs)
+
+  monkeypatch.setattr(evaluate, 'run_episodes', run_episodes)
   by_ckpt = evaluate.evaluate(run, num_episodes=4, greedy=True)
   by_model = evaluate.evaluate(run, num_episodes=4, greedy=True,
                                source='saved_model')
   for r in (by_ckpt, by_model):
     assert r['episode_returns'] == [8.0] * 4
+  np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
+  # The comparison can fail: an untrained network of the run's shape differs.
+  fresh = checkpoints.build_network(checkpoints.load_config(run))
+  untrained = _fixed_logits(evaluate._CheckpointPolicy(fresh))  # pylint: disable=protected-access
+  assert np.abs(untrained - logits[0]).max() > 1e-4
   with pytest.raises(ValueError, match='source=x'):
     evaluate.evaluate(run, source='x')
 

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -49,13 +50,38 @@ def test_native_log_lines_are_recognised(line):
   assert quiet.NATIVE_LOG_RE.match(line)
 
 
+def _absl_python_line(level, message):
+  """A line exactly as absl's Python logging prints it (prefix and all)."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  record = logging.LogRecord('absl', level, '/repo/impala_tf/driver.py', 92,
+                             message, None, None)
+  return absl_logging.get_absl_log_prefix(record) + record.getMessage()
+
+
 @pytest.mark.parametrize('line', [
     'impala_tf.train: error: --batch_size must be >= 1, got 0',
     'Traceback (most recent call last):',
-    'I1130 21:55:20 driver.py] frames',  # Not a native line's layout.
-])
+    # absl's Python lines, in the format absl really prints (same layout as the
+    # native ones, but a .py file): ours, never dropped.
+    _absl_python_line(logging.INFO, 'frames 4/4,000 (0%) | fps 0'),
+    _absl_python_line(logging.WARNING, 'actor(s) 0 did not stop within 8 s'),
+    _absl_python_line(logging.ERROR, 'actor 0 died (RuntimeError: boom)'),
+    # TensorFlow's FATAL lines say why the process aborts: never dropped.
+    'F0000 00:00:1796075705.566074   13599 cpu_feature_guard.cc:81] The TensorFlow '
+    'library was compiled to use AVX instructions, but these aren\'t available on '
+    'your machine.',
+    '2024-01-31 12:00:00.123456: F tensorflow/core/platform/cpu_feature_guard.cc:'
+    '37] The TensorFlow library was compiled to use AVX instructions',
+], ids=['ours', 'traceback', 'absl_info', 'absl_warning', 'absl_error',
+        'tf_fatal', 'tf_fatal_old_format'])  # Fixed ids: the lines hold the time.
 def test_other_lines_are_not_native(line):
   assert not quiet.NATIVE_LOG_RE.match(line)
+
+
+def test_absl_python_lines_have_the_native_layout():
+  # What makes the test above meaningful: absl's own format, checked.
+  line = _absl_python_line(logging.INFO, 'frames')
+  assert re.match(r'^I\d{4} [\d:.]+ +\d+ driver\.py:92\] frames$', line), line
 
 
 def _record(pathname, level):

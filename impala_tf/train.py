@@ -39,6 +39,9 @@ def validated_config() -> config_lib.Config:
     cfg = flags_lib.config_from_flags(FLAGS)
     from impala_tf import environments  # pylint: disable=g-import-not-at-top
     environments.check_env_id(cfg.env)
+    from impala_tf import rundir  # pylint: disable=g-import-not-at-top
+    rundir.check_logdir(cfg.logdir)
+    rundir.check_not_locked(cfg.logdir)  # Also taken by the run; this is quick.
     # Before anything imports TensorFlow; after the checks that need none, so a
     # bad flag is reported without importing it.
     quiet.quiet_tensorflow(FLAGS.verbosity)
@@ -50,9 +53,6 @@ def validated_config() -> config_lib.Config:
         networks.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
       except config_lib.ConfigError as e:
         raise with_user_code_location(e, FLAGS.verbosity) from None
-    from impala_tf import rundir  # pylint: disable=g-import-not-at-top
-    rundir.check_logdir(cfg.logdir)
-    rundir.check_not_locked(cfg.logdir)  # Also taken by the run; this is quick.
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top
     distribute.check_gpus(cfg.num_gpus)
     return cfg

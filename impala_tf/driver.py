@@ -135,6 +135,7 @@ class _Window:
     self.frames, self.time = frames, time.time()
     self.wait = self.busy = 0.0
     self.lag_sum = self.lag_max = self.num_unrolls = 0.0
+    self.steps = self.clipped = 0
 
   def add(self, out: Dict[str, tf.Tensor], step_secs: Optional[float]):
     """One learner step's output; step_secs None leaves it out of the wait split."""
@@ -145,6 +146,8 @@ class _Window:
     self.lag_sum += float(out['policy_lag_sum'])
     self.num_unrolls += float(out['num_unrolls'])
     self.lag_max = max(self.lag_max, float(out['policy_lag_max']))
+    self.steps += 1
+    self.clipped += float(out['grad_clipped'])
 
   def metrics(self, frames: int) -> Dict[str, float]:
     busy_and_wait = self.wait + self.busy
@@ -155,12 +158,17 @@ class _Window:
         'policy_lag_max': self.lag_max,
         'learner_wait_fraction': (self.wait / busy_and_wait if busy_and_wait > 0
                                   else 0.0),
+        # Steps in the window whose gradient norm exceeded grad_clip.
+        'grad_clipped_fraction': self.clipped / self.steps if self.steps else 0.0,
     }
 
 
 _DIAGNOSTICS = ('loss', 'policy_loss', 'baseline_loss', 'entropy_loss', 'entropy',
                 'rho_mean', 'rho_clip_fraction', 'advantage_mean', 'advantage_std',
-                'value_mean')
+                'value_mean', 'log_rho_abs_mean', 'rho_above_1p1_fraction')
+# Learner outputs logged as they are (from the window's last step), when present.
+_LAST_STEP = ('grad_norm_policy', 'grad_norm_baseline', 'grad_norm_entropy',
+              'popart_mu', 'popart_sigma')
 
 
 class _Run:
@@ -425,6 +433,7 @@ class _Run:
     m.update(self.window.metrics(frames))
     m.update(self.episode_log.summary())
     m.update({k: summary[k] for k in _DIAGNOSTICS if k in summary})
+    m.update({k: diag[k] for k in _LAST_STEP if k in diag})
     if final:
       m['final'] = True
     self.window.reset(frames)

@@ -733,7 +733,33 @@ def generate_docs() -> str:
           f'| `--{spec.name}` | {_format_type(spec)} | '
           f'`{_md_cell(_format_default(spec))}` | {_md_cell(spec.help)} |')
     lines.append('')
+  lines += _LOSS_REDUCTION_NOTES
   return '\n'.join(lines)
+
+
+_LOSS_REDUCTION_NOTES = [
+    '## Sum or mean: translating `--loss_reduction`',
+    '',
+    'With `--loss_reduction=sum` (the default, as in the paper and scalable_agent) '
+    'every loss term is a sum over the valid steps of the batch, N of them (about '
+    '`batch_size x unroll_length`); with `mean` it is divided by N, counted over the '
+    'whole batch on every replica, so any number of replicas still gives the same '
+    'update. The gradient of the mean is the gradient of the sum divided by N. To '
+    'keep an update the same when switching from sum to mean:',
+    '',
+    '* `--learning_rate`: unchanged for Adam and RMSProp, which divide the gradient '
+    'by its own running scale (exactly unchanged where epsilon is negligible).',
+    '* `--adam_epsilon`: divide by N (it is added to sqrt(v), which scales with the '
+    'gradient).',
+    '* `--rmsprop_epsilon`: divide by N^2 (it is added to the mean square, under the '
+    'root).',
+    '* `--grad_clip`: divide by N (it bounds the global norm of the gradient).',
+    '',
+    'With `--popart` the value errors and the advantages are divided by sigma, so '
+    'these settings no longer depend on the scale of the rewards either; '
+    '`--reward_scale` multiplies the rewards (before `--reward_clipping`) instead.',
+    '',
+]
 
 
 def main(argv):

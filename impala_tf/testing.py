@@ -22,6 +22,11 @@ across env subprocesses.
 
 `FakeLivesEnv` is an ALE-like env with scripted lives (`info['lives']`), for
 `environments.EpisodicLifeEnv`.
+
+`impala_tf.testing:CartPoleX1000-v1` is CartPole-v1 with every reward multiplied
+by 1000 (returns up to 500,000; value targets near 1e5 at discount 0.99): the
+scale-free check of PopArt (`bench/stability.py --target=475000 --drop=300000
+-- --env=impala_tf.testing:CartPoleX1000-v1 --popart`).
 """
 
 import os
@@ -36,6 +41,7 @@ from impala_tf import config as config_lib
 CHAIN_ID = 'impala_tf.testing:ImpalaChain-v0'
 CHAIN_TRUNCATED_ID = 'impala_tf.testing:ImpalaChainTruncated-v0'
 FAKE_IMAGE_ID = 'impala_tf.testing:ImpalaFakeImage-v0'
+CARTPOLE_X1000_ID = 'impala_tf.testing:CartPoleX1000-v1'
 
 
 class ChainEnv(gym.Env):
@@ -200,7 +206,15 @@ class FakeLivesEnv(gym.Env):
     return (np.array([self._t], np.float32), 1.0, over, False, {'lives': lives})
 
 
+def make_cartpole_x1000(**kwargs) -> gym.Env:
+  """CartPole-v1 (its time limit included) with rewards multiplied by 1000."""
+  return gym.wrappers.TransformReward(gym.make('CartPole-v1', **kwargs),
+                                      lambda r: 1000.0 * r)
+
+
 def _register():
+  if 'CartPoleX1000-v1' not in gym.registry:
+    gym.register('CartPoleX1000-v1', entry_point=make_cartpole_x1000)
   if 'ImpalaChain-v0' not in gym.registry:
     gym.register('ImpalaChain-v0', entry_point=ChainEnv)
     gym.register('ImpalaChainTruncated-v0', entry_point=ChainEnv,

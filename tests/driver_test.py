@@ -114,6 +114,27 @@ def test_run_leaves_config_and_metrics(replay_run):
   assert any(e.startswith('events.out.tfevents') for e in events), events
 
 
+def test_popart_run_logs_its_statistics_and_the_diagnostics(tmp_path):
+  # The chain env pays 1 per step for 8 steps: the V-trace targets sit between
+  # 1 and 8, so PopArt's mu lands there and sigma well below the initial 1e6 cap.
+  config = testing.tiny_config(logdir=str(tmp_path), popart=True, popart_beta=0.1,
+                               grad_clip=1e-3, total_environment_frames=400,
+                               log_interval_secs=0.2)
+  driver.train(config)
+  lines = _read_metrics(str(tmp_path))
+  final = lines[-1]
+  assert 1.0 < final['popart_mu'] < 8.0, final
+  assert 0.0 < final['popart_sigma'] < 8.0, final
+  # grad_clip=1e-3: every step is clipped (a line whose window had no learner
+  # step reads 0).
+  fractions = [l['grad_clipped_fraction'] for l in lines]
+  assert set(fractions) <= {0.0, 1.0} and 1.0 in fractions, fractions
+  for k in ('grad_norm_policy', 'grad_norm_baseline', 'grad_norm_entropy'):
+    assert final[k] > 0, (k, final)
+  assert 0.0 <= final['rho_above_1p1_fraction'] <= 1.0
+  assert final['log_rho_abs_mean'] >= 0.0
+
+
 def test_run_stops_at_total_environment_frames(replay_run):
   config, result, _ = replay_run
   final = result.metrics

@@ -515,3 +515,93 @@ def test_resolve_torso_fn_imports_only():
   assert (fn.__module__, fn.__name__) == ('testdata.torsos', 'keras_mlp')
   with pytest.raises(config_lib.ConfigError, match='network=nope:x'):
     networks.resolve_torso_fn('nope:x')
+
+
+# --- PopArt and the separate value torso --------------------------------------
+
+
+def test_popart_baseline_is_in_return_units_and_preserve_keeps_it(tmp_path):
+  net = _net('mlp', False, popart=True)
+  inputs = _inputs((4, 3), *OBS['mlp'])
+  head = net.baseline_head.w.numpy()[:, 0]  # Normalised: no statistics yet.
+  normalised = net.unroll(inputs)[0].baseline.numpy()
+  net.popart.mu.assign([7.0])
+  net.popart.nu.assign([7.0**2 + 3.0**2])  # sigma = 3.
+  np.testing.assert_allclose(float(net.popart.sigma[0]), 3.0, rtol=1e-6)
+  values = net.unroll(inputs)[0].baseline.numpy()
+  np.testing.assert_allclose(values, 3.0 * normalised + 7.0, rtol=1e-5, atol=1e-5)
+  # New statistics with the head rescaled: every output in return units is kept.
+  popart = net.popart
+  w, b = popart.preserve(net.baseline_head.w, net.baseline_head.b, popart.mu,
+                         popart.sigma, tf.constant([-20.0]), tf.constant([50.0]))
+  net.baseline_head.w.assign(w)
+  net.baseline_head.b.assign(b)
+  popart.mu.assign([-20.0])
+  popart.nu.assign([(-20.0)**2 + 50.0**2])
+  np.testing.assert_allclose(net.unroll(inputs)[0].baseline.numpy(), values,
+                             rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(net.baseline_head.w.numpy()[:, 0], head * 3 / 50,
+                             rtol=1e-6)
+  # The statistics are checkpointed with the network.
+  path = tf.train.Checkpoint(net=net).save(str(tmp_path / 'ckpt'))
+  other = _net('mlp', False, popart=True, seed=5)
+  tf.train.Checkpoint(net=other).restore(path).assert_consumed()
+  np.testing.assert_allclose(other.popart.mu.numpy(), [-20.0])
+  np.testing.assert_allclose(other.unroll(inputs)[0].baseline.numpy(), values,
+                             rtol=1e-5, atol=1e-4)
+
+
+def test_popart_sigma_is_clipped():
+  sigma = networks.PopArt.sigma_of(tf.constant([2.0, 0.0, 0.0]),
+                                   tf.constant([4.0, 1e20, 1.0]))
+  np.testing.assert_allclose(sigma.numpy(), [networks.PopArt.SIGMA_MIN,
+                                             networks.PopArt.SIGMA_MAX, 1.0],
+                             rtol=1e-5)
+
+
+def test_separate_value_torso():
+  shared = _net('mlp', False)
+  net = _net('mlp', False, shared_torso=False)
+  assert shared.value_torso is None and net.value_torso is not None
+  # One more MLP of the same widths.
+  assert _num_params(net) == _num_params(shared) + _num_params(net.value_torso)
+  inputs = _inputs((4, 3), *OBS['mlp'])
+  with tf.GradientTape(persistent=True) as tape:
+    out, _ = net.unroll(inputs)
+    value = tf.reduce_sum(out.baseline)
+    policy = tf.reduce_sum(out.policy_logits)
+  torso = {v.ref() for v in net.torso.trainable_variables}
+  value_torso = {v.ref() for v in net.value_torso.trainable_variables}
+  for v, g in zip(net.trainable_variables,
+                  tape.gradient(value, net.trainable_variables)):
+    assert (g is None) == (v.ref() in torso or v is net.policy_head.w or
+                           v is net.policy_head.b), v.name
+  for v, g in zip(net.trainable_variables,
+                  tape.gradient(policy, net.trainable_variables)):
+    assert (g is None) == (v.ref() in value_torso or v is net.baseline_head.w or
+                           v is net.baseline_head.b), v.name
+  # The actors' numpy policy ignores the value torso.
+  policy_np = networks.NumpyMLPPolicy(net)
+  policy_np.set_weights([v.numpy() for v in net.variables])
+  step, _ = net.step(_slice(inputs, 0))
+  np.testing.assert_allclose(policy_np(_slice(inputs, 0).observation),
+                             step.policy_logits.numpy(), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match='shared_torso=False'):
+    _net('deep', False, shared_torso=False)
+
+
+def test_saved_policy_baseline_is_in_return_units(tmp_path):
+  from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
+  net = networks.AgentNetwork((4,), tf.float32, 2, mlp_hidden_sizes=(8,), seed=1,
+                              popart=True, shared_torso=False)
+  net.popart.mu.assign([40.0])
+  net.popart.nu.assign([40.0**2 + 12.0**2])
+  obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+  want, _ = net.step(types.AgentInput(obs, np.zeros(5, np.int32),
+                                      np.zeros(5, np.float32), np.zeros(5, bool)))
+  checkpoints.save_policy(net, str(tmp_path / 'policy'))
+  model = tf.saved_model.load(str(tmp_path / 'policy'))
+  got = model.signatures['serving_default'](observation=tf.constant(obs))
+  np.testing.assert_allclose(got['baseline'].numpy(), want.baseline.numpy(),
+                             rtol=1e-5)
+  assert np.abs(want.baseline.numpy() - 40.0).max() < 40  # Near mu, not near 0.

@@ -154,6 +154,27 @@ def _start_local(ray, num_cpus: Optional[int] = None):
              log_to_driver=True)
 
 
+def hide_gpus_unless_assigned() -> bool:
+  """In a Ray actor process: hides every GPU from TensorFlow unless Ray gave it one.
+
+  Ray 2.60 sets `CUDA_VISIBLE_DEVICES` only for actors that reserved a GPU, so an
+  actor with `--ray_actor_resources` without "GPU" would otherwise see every GPU of
+  its node and create a CUDA context (and take memory) on each. Call it before
+  TensorFlow initialises its devices.
+
+  Returns:
+    True when the GPUs were hidden.
+  """
+  if _ray().get_gpu_ids():
+    return False  # Ray set CUDA_VISIBLE_DEVICES to the actor's own GPU(s).
+  os.environ['CUDA_VISIBLE_DEVICES'] = ''  # Read when TensorFlow initialises CUDA.
+  try:
+    tf.config.set_visible_devices([], 'GPU')
+  except RuntimeError:  # Devices already initialised; the variable is set anyway.
+    pass
+  return True
+
+
 class ImpalaActor:
   """The body of one Ray actor process: an impala_tf Actor, one unroll per call.
 
@@ -174,8 +195,7 @@ class ImpalaActor:
                num_threads: int, resumes: int = 0):
     tf.config.threading.set_intra_op_parallelism_threads(num_threads)
     tf.config.threading.set_inter_op_parallelism_threads(num_threads)
-    if not os.environ.get('CUDA_VISIBLE_DEVICES'):
-      tf.config.set_visible_devices([], 'GPU')  # Never take the learner's GPUs.
+    hide_gpus_unless_assigned()  # Never take the learner's GPUs.
     config = config_lib.Config.from_dict(config_dict)
     self._broadcast = actor_lib.ParameterBroadcast()
     self._episodes: List[types.EpisodeStats] = []

@@ -86,6 +86,32 @@ def _thread_chunks(config, actor_id, weights, n):
     act.close()
 
 
+def _actor_args(config, actor_id=0):
+  """The positional arguments RayActorPool gives ImpalaActor."""
+  rng = _rngs(config)[actor_id]
+  return (config.to_dict(), actor_id, 0, *_spaces(config), rng.state.numpy(),
+          rng.algorithm, 1)
+
+
+@pytest.mark.parametrize('gpu_ids', [[], [0]])
+def test_actor_hides_gpus_unless_ray_gave_it_one(monkeypatch, gpu_ids):
+  # Ray 2.60 leaves CUDA_VISIBLE_DEVICES as the node's for an actor without a GPU.
+  monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '0,1')
+  monkeypatch.setattr(ray, 'get_gpu_ids', lambda: list(gpu_ids))
+  hidden = []
+  for setter in ('set_intra_op_parallelism_threads',
+                 'set_inter_op_parallelism_threads'):  # TF already started here.
+    monkeypatch.setattr(tf.config.threading, setter, lambda n: None)
+  monkeypatch.setattr(tf.config, 'set_visible_devices',
+                      lambda devices, kind=None: hidden.append((devices, kind)))
+  actor = ray_actors.ImpalaActor(*_actor_args(_config()))
+  del actor
+  if gpu_ids:
+    assert hidden == [] and os.environ['CUDA_VISIBLE_DEVICES'] == '0,1'
+  else:
+    assert hidden == [([], 'GPU')] and os.environ['CUDA_VISIBLE_DEVICES'] == ''
+
+
 def test_ray_pool_chunks_equal_thread_chunks_none_lost_or_duplicated(local_ray):
   del local_ray
   config = _config(num_actors=2, learner_queue_size=3)

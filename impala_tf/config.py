@@ -170,6 +170,7 @@ class Config:
   broadcast_interval: int = 1
   actor_backend: str = 'threads'
   ray_address: str = ''
+  ray_connect_timeout_secs: float = 60.0
   ray_actor_resources: str = '{"CPU": 1}'
   # Data pipeline.
   batch_size: int = 8
@@ -197,6 +198,7 @@ class Config:
   loss_reduction: str = 'sum'
   popart: bool = False
   popart_beta: float = 3e-4
+  normalize_advantages: bool = False
   loss_term_grad_norms: bool = True
   # Optimizer.
   optimizer: str = 'adam'
@@ -370,6 +372,7 @@ _RULES = {
     'ray_address': ((lambda v: v == v.strip() and ' ' not in v),
                     "must be '' (start a local Ray), 'auto' or the address of a "
                     'running Ray cluster such as 10.0.0.1:6379, without spaces'),
+    'ray_connect_timeout_secs': _positive('a number of seconds'),
     'ray_actor_resources': _resources('ray_actor_resources'),
     'batch_size': _ints(1),
     'num_data_loader_buffers': _ints(1),
@@ -398,6 +401,7 @@ _RULES = {
     'loss_reduction': _one_of(LOSS_REDUCTIONS),
     'popart': (None, 'must be True or False'),
     'popart_beta': ((lambda v: _finite(v) and 0 < v <= 1), 'must be in (0, 1]'),
+    'normalize_advantages': (None, 'must be True or False'),
     'loss_term_grad_norms': (None, 'must be True or False'),
     'optimizer': _one_of(OPTIMIZERS),
     'learning_rate': _positive(),

@@ -142,6 +142,10 @@ SECTIONS = (
               'this machine, listening on 127.0.0.1 only, without dashboard, shut '
               "down at exit; 'auto' or an address (HOST:PORT of `ray start "
               "--head`) joins that cluster and leaves it running."),
+        _Flag('ray_connect_timeout_secs', 'float',
+              'With --actor_backend=ray and a --ray_address: seconds the cluster '
+              'has to answer and accept this driver before the run stops with one '
+              'line naming the address. Range: > 0.'),
         _Flag('ray_actor_resources', 'string',
               'With --actor_backend=ray: the Ray resources each actor reserves, a '
               'JSON object such as {"CPU": 1} or {"CPU": 1, "actor_node": 1} (a '
@@ -243,6 +247,11 @@ SECTIONS = (
               'Step size of PopArt\'s running first and second moments of the '
               'V-trace targets (debiased like Adam\'s, so the first batch sets '
               'them). Hessel et al. use 3e-4 on Atari. Range: (0, 1].'),
+        _Flag('normalize_advantages', 'bool',
+              'Normalise the policy-gradient advantages to zero mean and unit '
+              'variance over the valid steps of each batch (the whole batch, on '
+              'every replica), as PPO implementations do; the advantages of a '
+              'batch then never all push the same way.'),
         _Flag('loss_term_grad_norms', 'bool',
               'Log the gradient norm of each weighted loss term (policy, baseline, '
               'entropy) on the same batch (grad_norm_policy, grad_norm_baseline, '

@@ -226,9 +226,16 @@ class Learner(tf.Module):
       if popart is not None:
         new_stats = self._popart_statistics(ctx, popart, targets.vs, mask)
         scale = popart.sigma_of(new_stats[0], new_stats[1])[0]
+      policy_advantages = None
+      if c.normalize_advantages:  # Moments of the whole batch, on every replica.
+        moments = ctx.all_reduce(_SUM, list(losses.advantage_moments(
+            targets.pg_advantages, mask)))
+        policy_advantages = losses.normalize_advantages(
+            targets.pg_advantages, mask, moments)
       loss, diags = losses.compute_loss(
           baseline_cost=c.baseline_cost, entropy_cost=entropy_cost,
-          value_scale=scale, normalizer=normalizer, targets=targets, **loss_args)
+          value_scale=scale, normalizer=normalizer, targets=targets,
+          policy_advantages=policy_advantages, **loss_args)
       terms = (diags['policy_loss'], c.baseline_cost * diags['baseline_loss'],
                tf.cast(entropy_cost, tf.float32) * diags['entropy_loss'])
     # PopArt: the loss above is that of the rescaled head (new statistics), but

@@ -206,6 +206,7 @@ def compute_loss(target_logits,
                  value_scale: Scalar = 1.0,
                  normalizer: Scalar = 1.0,
                  targets: Optional[VTraceTargets] = None,
+                 policy_advantages=None,
                  ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
   """The IMPALA loss of a batch (or of one replica's slice of it).
 
@@ -231,6 +232,10 @@ def compute_loss(target_logits,
       errors and the advantages are divided by it (PopArt's sigma; 1 without).
     normalizer: float or float32 `[]` > 0; every term is divided by it (1: sums).
     targets: the batch's `compute_targets(...)`, if already computed.
+    policy_advantages: float32 `[T, B]` or None: the advantages of the policy term
+      as given (e.g. normalised, see `normalize_advantages`), used in place of
+      `pg_advantages / value_scale`; the diagnostics still describe the V-trace
+      advantages.
 
   Returns:
     `(loss, diagnostics)`: loss float32 `[]`, the total described in the module
@@ -258,8 +263,10 @@ def compute_loss(target_logits,
   normalizer = tf.cast(normalizer, tf.float32)
 
   zeros = tf.zeros_like(values)
+  if policy_advantages is None:
+    policy_advantages = advantages / scale
   pg = tf.where(mask, policy_gradient_loss(target_logits, actions,
-                                           advantages / scale), zeros)
+                                           policy_advantages), zeros)
   bl = tf.where(mask, baseline_loss(vs / scale, values / scale), zeros)
   ent = tf.where(mask, entropy_loss(target_logits), zeros)
   pg_sum = tf.reduce_sum(pg) / normalizer
@@ -295,6 +302,40 @@ def compute_loss(target_logits,
       'rho_above_1p1_count': count(tf.logical_and(mask, rhos > 1.1)),
   }
   return loss, diagnostics
+
+
+def normalize_advantages(advantages, mask, moments=None) -> tf.Tensor:
+  """Advantages with zero mean and unit variance over the valid steps.
+
+  Args:
+    advantages: float32 `[T, B]`.
+    mask: bool `[T, B]`, the valid steps.
+    moments: optional `(sum, sum of squares, count)` float32 `[]` each, over the
+      whole batch (the learner all-reduces them across replicas); None computes
+      them from `advantages` and `mask`.
+
+  Returns:
+    float32 `[T, B]`, `(A - mean) / (std + 1e-6)` on valid steps, 0 elsewhere;
+    no gradient.
+  """
+  advantages = tf.convert_to_tensor(advantages, tf.float32)
+  mask = tf.convert_to_tensor(mask, tf.bool)
+  if moments is None:
+    moments = advantage_moments(advantages, mask)
+  total, total_sq, n = moments
+  n = tf.maximum(n, 1.0)
+  mean = total / n
+  std = tf.sqrt(tf.maximum(total_sq / n - tf.square(mean), 0.0))
+  out = (advantages - mean) / (std + 1e-6)
+  return tf.stop_gradient(tf.where(mask, out, tf.zeros_like(out)))
+
+
+def advantage_moments(advantages, mask):
+  """`(sum, sum of squares, count)` of the valid advantages, float32 `[]` each."""
+  zeros = tf.zeros_like(advantages)
+  return (tf.reduce_sum(tf.where(mask, advantages, zeros)),
+          tf.reduce_sum(tf.where(mask, tf.square(advantages), zeros)),
+          tf.reduce_sum(tf.cast(mask, tf.float32)))
 
 
 def summarize_diagnostics(sums) -> Dict[str, float]:

@@ -154,9 +154,16 @@ def _reference_step(cfg, batch):
     args = _loss_inputs(cfg, batch, _unroll(cfg, net, batch))
     normalizer = (max(float(np.sum(args['mask'])), 1.0)
                   if cfg.loss_reduction == 'mean' else 1.0)
+    policy_advantages = None
+    if cfg.normalize_advantages:  # By hand, in float64.
+      adv = losses.compute_targets(**args).pg_advantages.numpy().astype(np.float64)
+      valid = adv[args['mask']]
+      policy_advantages = np.where(
+          args['mask'], (adv - valid.mean()) / (valid.std() + 1e-6),
+          0.0).astype(np.float32)
     loss, d = losses.compute_loss(
         **args, baseline_cost=cfg.baseline_cost, entropy_cost=cfg.entropy_cost,
-        normalizer=normalizer)
+        normalizer=normalizer, policy_advantages=policy_advantages)
     terms = (d['policy_loss'], cfg.baseline_cost * d['baseline_loss'],
              cfg.entropy_cost * d['entropy_loss'])
   variables = net.trainable_variables
@@ -197,6 +204,7 @@ def test_one_replica_step_matches_hand_computed_update(optimizer, use_lstm):
     dict(reward_scale=3.0, reward_clipping='abs_one'),  # Scaled, then clipped.
     dict(loss_reduction='mean', grad_clip=0.05),
     dict(shared_torso=False, reward_scale=0.5),
+    dict(normalize_advantages=True),
 ])
 def test_loss_options_match_hand_computed_update(kw):
   cfg = _config(**dict(dict(optimizer='adam', learning_rate=0.01, grad_clip=0.5),
@@ -532,7 +540,8 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
                           popart=True, popart_beta=0.3, loss_reduction='mean'),
       'popart_value_torso': dict(optimizer='rmsprop', learning_rate=0.05,
                                  grad_clip=0.5, popart=True, shared_torso=False,
-                                 reward_scale=10.0, loss_term_grad_norms=False),
+                                 reward_scale=10.0, loss_term_grad_norms=False,
+                                 normalize_advantages=True),
   }
   for i, (name, kw) in enumerate(specs.items()):
     cfg = _config(**kw)

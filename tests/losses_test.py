@@ -326,6 +326,29 @@ def test_policy_lag_diagnostics_match_numpy():
   assert 0 < float(diag['rho_above_1p1_count']) < np.sum(m)  # Not trivial.
 
 
+def test_normalize_advantages_matches_numpy_and_replaces_the_policy_term():
+  d = _batch(seed=6)
+  _, _, _, adv = _np_targets(d)
+  m = d['mask']
+  want = np.where(m, (adv - adv[m].mean()) / (adv[m].std() + 1e-6), 0)
+  got = losses.normalize_advantages(adv.astype(np.float32), m)
+  np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+  assert abs(float(np.mean(got.numpy()[m]))) < 1e-5
+  # Given moments (e.g. all-reduced over replicas) are used as they are.
+  moments = (tf.constant(10.0), tf.constant(40.0), tf.constant(5.0))  # 2 +- 2.
+  np.testing.assert_allclose(
+      losses.normalize_advantages(adv.astype(np.float32), m, moments).numpy(),
+      np.where(m, (adv - 2.0) / 2.0, 0), rtol=1e-4, atol=1e-5)
+  loss, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0,
+                                   policy_advantages=got)
+  tlp, _, vs, _ = _np_targets(d)
+  pg = np.sum(np.where(m, -tlp * want, 0))
+  np.testing.assert_allclose(float(diag['policy_loss']), pg, rtol=1e-4, atol=1e-5)
+  # The diagnostics still describe the V-trace advantages.
+  np.testing.assert_allclose(float(diag['advantage_sum']), np.sum(adv[m]),
+                             rtol=1e-5)
+
+
 def test_summarize_diagnostics():
   sums = {'loss': 10.0, 'policy_loss': 4.0, 'baseline_loss': 8.0,
           'entropy_loss': -6.0, 'num_valid': 4.0, 'entropy_sum': 6.0, 'rho_sum': 3.0,

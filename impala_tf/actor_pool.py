@@ -48,7 +48,7 @@ from impala_tf import networks
 from impala_tf import types
 
 # Seconds `ThreadActorPool.stop` waits for all of its actor threads together.
-STOP_JOIN_SECS = 8.0
+STOP_JOIN_SECS = 5.0
 
 # An actor that dies this many times within RESTART_WINDOW_SECS stops the run.
 MAX_RESTARTS = 5

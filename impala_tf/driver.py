@@ -301,9 +301,11 @@ class _Run:
         time.sleep(0.05)
       if not source.active:
         del iterator
-      self.pool.stop()
-      fatal = [e for e in (self.nonfinite_error, self.pool.error, source.error)
-               if e is not None]
+      # The actors were told to stop (internal_stop); waiting for them (up to
+      # actor_pool.STOP_JOIN_SECS for one hung in its env) overlaps the writes.
+      stopper = threading.Thread(target=self.pool.stop, name='pool-stop',
+                                 daemon=True)
+      stopper.start()
       final = self._metrics(final=True)
       final['reached_target'] = reached_target
       final['interrupted'] = interrupted
@@ -314,9 +316,15 @@ class _Run:
                                                self.steps_run == 0):
         self._save()
       self.writer.close()
-    if fatal:
-      raise TrainingError(str(fatal[0])) from fatal[0]
-    self.save_policy()
+    fatal = lambda: [e for e in (self.nonfinite_error, self.pool.error, source.error)
+                     if e is not None]
+    try:
+      if not fatal():
+        self.save_policy()
+    finally:
+      stopper.join()
+    if fatal():
+      raise TrainingError(str(fatal()[0])) from fatal()[0]
     return RunResult(final, config.logdir, reached_target, interrupted)
 
   def _end_data_on_stop(self, loop_done: threading.Event):

@@ -7,18 +7,26 @@ errors where there are none. The entry points (`impala_tf.train`, `.evaluate`,
 `.export`) call `quiet_tensorflow()` before anything imports TensorFlow:
 
 * unless the user set `TF_CPP_MIN_LOG_LEVEL`, it is set to 2 (TensorFlow's native
-  INFO and WARNING lines off; its ERROR lines stay);
-* TensorFlow is imported, and its devices listed, with file descriptor 2 captured:
-  the native log lines printed then (some ignore `TF_CPP_MIN_LOG_LEVEL`, and the
-  cuInit line is an ERROR) are dropped, any other line is passed on;
+  INFO and WARNING lines off; its ERROR lines stay); a user's 2 or 3 is kept, and
+  the rest below applies as well (so setting it shows no more than not setting it);
+* file descriptor 2 is sent through a filter process, from before TensorFlow is
+  imported (and its devices listed) until the process ends: TensorFlow's known
+  benign lines (`BENIGN_LINES`: some ignore `TF_CPP_MIN_LOG_LEVEL`, the cuInit
+  line is an ERROR, and some come at the first op of a kind, e.g. oneDNN's AVX-512
+  notes) are dropped, and every other line is passed on as it arrives, so a
+  TensorFlow abort (no AVX, a failed CUDA check) still shows its FATAL line; a
+  FATAL line or a line of absl's Python logging is never dropped. If the filter
+  cannot be started (no pipe, no temp file), TensorFlow is imported unfiltered.
+  The dropped lines are kept (`captured_lines()`): `impala_tf.train` prints them
+  when `--num_gpus` asks for GPUs TensorFlow did not find;
 * TensorFlow's Python logging below ERROR is dropped (its `tensorflow` logger, and
   the records its modules log through absl, e.g. `functional_saver.py] Sharding
   callback duration`), and Python warnings raised from TensorFlow's modules are
   ignored. Our own absl log lines (the metrics lines) are kept.
 
 To see everything TensorFlow logs, pass absl's `--verbosity=1` (debug; also `-v 1`)
-or set `TF_CPP_MIN_LOG_LEVEL` yourself, e.g. `TF_CPP_MIN_LOG_LEVEL=0 python -m
-impala_tf.train ...`: then this module changes nothing. (`impala_tf.train` reads
+or set `TF_CPP_MIN_LOG_LEVEL` to 0 or 1 yourself, e.g. `TF_CPP_MIN_LOG_LEVEL=0
+python -m impala_tf.train ...`: then this module changes nothing. (`impala_tf.train` reads
 `--verbosity` after its flags are parsed, so also from a `--flagfile`; `evaluate`
 and `export` import TensorFlow before absl parses their flags and read it from the
 command line itself.) Processes started from a quiet one (env subprocesses, tests)
@@ -35,8 +43,10 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
 import sys
 import tempfile
+import time
 from typing import Optional, Sequence
 import warnings
 
@@ -74,30 +84,205 @@ def user_set_level() -> bool:
   return LEVEL_VAR in os.environ and os.environ.get(MARK_VAR) != '1'
 
 
-@contextlib.contextmanager
-def _native_lines_dropped():
-  """Captures file descriptor 2; on exit, writes back the lines that are not
-  native TensorFlow log lines."""
+def user_asked_for_logs() -> bool:
+  """Whether the user set TF_CPP_MIN_LOG_LEVEL to show INFO or WARNING lines.
+
+  0 or 1 (or a value TensorFlow does not know) asks for TensorFlow's logs; 2 or 3
+  is the usual way to quiet TensorFlow and gets the quiet start too (its value
+  kept), not more lines than leaving the variable unset would.
+  """
+  if not user_set_level():
+    return False
+  try:
+    return int(os.environ[LEVEL_VAR]) < 2
+  except ValueError:
+    return True
+
+
+# TensorFlow's start-up lines that say nothing is wrong (searched in a line that
+# NATIVE_LOG_RE matches, or the whole line for the two without a log prefix).
+BENIGN_LINES = (
+    r'^WARNING: All log messages before absl::InitializeLog\(\) is called are '
+    r'written to STDERR$',
+    r'^To enable the following instructions: .* in other operations, rebuild '
+    r'TensorFlow with the appropriate compiler flags\.$',
+    r'cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized',
+    r'port\.cc:\d+\] oneDNN custom operations are on',
+    r'cudart_stub\.cc:\d+\] (Could not find cuda drivers|Ignore above cudart '
+    r'dlerror)',
+    r'\] failed call to cuInit: ',
+    r'cuda_diagnostics\.cc:\d+\] ',
+    r'dso_loader\.cc:\d+\] Could not load dynamic library',
+    r'\] Unable to register cu(DNN|FFT|BLAS) factory',
+    r'\] TF-TRT Warning: Could not find TensorRT',
+    r'\] could not open file to read NUMA node|Your kernel may have been built '
+    r'without NUMA support',
+    r'util\.cc:\d+\] oneDNN supports DT_\w+ only on platforms with AVX-512',
+)
+_BENIGN_RE = re.compile('|'.join(f'(?:{p})' for p in BENIGN_LINES))
+
+
+def is_benign(line: str) -> bool:
+  """Whether `line` is one of TensorFlow's known benign start-up lines.
+
+  Never a FATAL line, nor a line that NATIVE_LOG_RE does not match (absl's
+  Python lines, ours, anything else).
+  """
+  return bool(NATIVE_LOG_RE.match(line) and _BENIGN_RE.search(line))
+
+
+# The filter process (`python -S -E -c`, no site, only builtin modules): reads
+# lines on stdin, writes the benign ones (argv[1] and argv[2]: NATIVE_LOG_RE and
+# BENIGN_LINES) to the file argv[3], every other line at once to its stdout (the
+# real stderr); with argv[4] == '1' it removes argv[3] when its stdin ends. A line
+# equal to argv[5] (_SYNC) goes to argv[3] too: it tells that what was written
+# before it has been read. It has
+# its own session and ignores SIGINT: a Ctrl-C at the terminal is for the run.
+_FILTER = r'''
+import os, re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+native, benign = re.compile(sys.argv[1]), re.compile(sys.argv[2])
+out = sys.stdout.buffer
+try:
+  with open(sys.argv[3], 'ab') as kept:
+    for raw in sys.stdin.buffer:
+      line = raw.decode('utf-8', 'replace').rstrip('\n')
+      if line == sys.argv[5] or (native.match(line) and benign.search(line)):
+        kept.write(raw)
+        kept.flush()
+      else:
+        out.write(raw if raw.endswith(b'\n') else raw + b'\n')
+        out.flush()
+finally:
+  if sys.argv[4] == '1':
+    os.remove(sys.argv[3])
+'''
+
+_SYNC = '@@impala_tf.quiet.sync@@'  # No character that splitlines() splits at.
+_captured: list = []
+# A filter left running: [capture file path, fd of the real stderr].
+_lifetime_capture: list = []
+
+
+def captured_lines() -> list:
+  """The benign TensorFlow lines the filter dropped so far (a list of str)."""
+  if _lifetime_capture:
+    # Wait (a little) until the filter has read what was written before now.
+    sys.stderr.flush()
+    try:
+      os.write(2, (_SYNC + '\n').encode())
+    except OSError:
+      pass
+    deadline = time.monotonic() + 2.0
+    while True:
+      try:
+        with open(_lifetime_capture[0], encoding='utf-8', errors='replace') as f:
+          lines = f.read().splitlines()
+      except OSError:
+        return []
+      if _SYNC in lines or time.monotonic() > deadline:
+        return [l for l in lines if l != _SYNC]
+      time.sleep(0.01)
+  return [l for l in _captured if l != _SYNC]
+
+
+def show_captured_lines() -> None:
+  """Writes `captured_lines()` to the real stderr (past the filter, which would
+  drop them again)."""
+  lines = captured_lines()
+  if not lines:
+    return
+  text = ''.join(l + '\n' for l in lines).encode('utf-8', 'replace')
+  sys.stderr.flush()
+  try:
+    os.write(_lifetime_capture[1] if _lifetime_capture else 2, text)
+  except OSError:
+    pass
+
+
+def _start_filter(remove_on_exit: bool):
+  """Sends file descriptor 2 through a new filter process.
+
+  Returns:
+    (process, dup of the old fd 2, capture file path), or None when it cannot be
+    started (no fd 2, no temp file, no process): then nothing changed.
+  """
   sys.stderr.flush()
   try:
     saved = os.dup(2)
   except OSError:  # No file descriptor 2: nothing to capture.
+    return None
+  path = None
+  try:
+    fd, path = tempfile.mkstemp(prefix='impala_tf_quiet_', suffix='.log')
+    os.close(fd)
+    proc = subprocess.Popen(
+        [sys.executable, '-S', '-E', '-c', _FILTER, NATIVE_LOG_RE.pattern,
+         _BENIGN_RE.pattern, path, '1' if remove_on_exit else '0', _SYNC],
+        stdin=subprocess.PIPE, stdout=saved, stderr=saved, start_new_session=True)
+  except (OSError, ValueError, subprocess.SubprocessError):
+    os.close(saved)
+    _remove(path)
+    return None
+  os.dup2(proc.stdin.fileno(), 2)
+  proc.stdin.close()  # fd 2 is now the only write end: closing it ends the filter.
+  return proc, saved, path
+
+
+@contextlib.contextmanager
+def _native_lines_dropped():
+  """Sends file descriptor 2 through the filter process while in the block.
+
+  The filter is a separate process so that the lines it passes on reach the
+  terminal even when TensorFlow aborts this one. When it cannot be started,
+  nothing is captured (an unquiet import rather than none).
+  """
+  del _captured[:]
+  started = _start_filter(remove_on_exit=False)
+  if started is None:
     yield
     return
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
+  proc, saved, path = started
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
     try:
-      yield
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      captured.seek(0)
-      text = captured.read().decode('utf-8', errors='replace')
-      kept = [l for l in text.splitlines() if not NATIVE_LOG_RE.match(l)]
-      if kept:
-        sys.stderr.write('\n'.join(kept) + '\n')
-        sys.stderr.flush()
+      proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # A child of TensorFlow holds the pipe.
+      proc.kill()
+      proc.wait()
+    try:
+      with open(path, encoding='utf-8', errors='replace') as f:
+        _captured.extend(f.read().splitlines())
+    except OSError:
+      pass
+    _remove(path)
+
+
+def _filter_for_the_process_lifetime() -> bool:
+  """Sends fd 2 through the filter until the process ends; False if it cannot.
+
+  TensorFlow prints some benign lines later than its import: e.g. `oneDNN supports
+  DT_BOOL only on platforms with AVX-512` at the first op of that type.
+  """
+  del _captured[:]
+  started = _start_filter(remove_on_exit=True)
+  if started is None:
+    return False
+  _, saved, path = started
+  _lifetime_capture[:] = [path, saved]
+  return True
+
+
+def _remove(path: Optional[str]) -> None:
+  if path:
+    try:
+      os.remove(path)
+    except OSError:
+      pass
 
 
 def argv_verbosity(argv: Sequence[str]) -> int:
@@ -152,18 +337,19 @@ def quiet_tensorflow(verbosity: int = 0) -> bool:
       logs are left on and nothing is changed.
 
   Returns:
-    True if it quietened TensorFlow; False when the user set TF_CPP_MIN_LOG_LEVEL,
-    asked for `--verbosity` >= 1, or TensorFlow was already imported (then nothing
-    is changed and TensorFlow is not imported).
+    True if it quietened TensorFlow; False when the user set TF_CPP_MIN_LOG_LEVEL
+    to 0 or 1, asked for `--verbosity` >= 1, or TensorFlow was already imported
+    (then nothing is changed and TensorFlow is not imported).
   """
-  if (verbosity >= VERBOSE_FROM or user_set_level() or
+  if (verbosity >= VERBOSE_FROM or user_asked_for_logs() or
       'tensorflow' in sys.modules):
     return False
-  os.environ[LEVEL_VAR] = '2'
+  if not user_set_level():
+    os.environ[LEVEL_VAR] = '2'
   os.environ[MARK_VAR] = '1'
-  with _native_lines_dropped():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.list_physical_devices()  # Device discovery logs (cuInit) here.
+  _filter_for_the_process_lifetime()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.list_physical_devices()  # Device discovery logs (cuInit) here.
   tf.get_logger().setLevel(logging.ERROR)
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logging.get_absl_logger().addFilter(_DropTensorFlowRecords())

@@ -54,7 +54,13 @@ def validated_config() -> config_lib.Config:
       except config_lib.ConfigError as e:
         raise with_user_code_location(e, FLAGS.verbosity) from None
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top
-    distribute.check_gpus(cfg.num_gpus)
+    try:
+      distribute.check_gpus(cfg.num_gpus)
+    except config_lib.ConfigError:
+      # TensorFlow's start-up lines, dropped as benign, may say why it found no
+      # GPU (no driver, cuInit failed): shown before the error.
+      quiet.show_captured_lines()
+      raise
     return cfg
   return flags_lib.exit_on_config_error(PROG, build)
 

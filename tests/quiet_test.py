@@ -9,6 +9,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -102,13 +103,60 @@ def test_tensorflow_records_below_error_are_dropped(pathname, level, kept):
   assert quiet._DropTensorFlowRecords().filter(_record(pathname, level)) == kept
 
 
+_BENIGN = (b'I0000 00:00:1796075705.554643   13599 cpu_feature_guard.cc:210] This '
+           b'TensorFlow binary is optimized to use available CPU instructions\n')
+_CUINIT = (b'E0000 00:00:1796075705.566074   13599 cuda_executor.cc:1228] failed call '
+           b'to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR '
+           b'(303)\n')
+
+
 def test_native_lines_dropped_passes_other_lines_on(capfd):
-  with quiet._native_lines_dropped():
-    os.write(2, b'I0000 00:00:1796075705.554643   13599 cpu_feature_guard.cc:210] '
-                b'native\n')
+  with quiet._native_lines_dropped():  # pylint: disable=protected-access
+    os.write(2, _BENIGN)
     os.write(2, b'a line of ours\n')
-    os.write(2, b'E0000 00:00:1.0   1 x.cc:1] native too\n')
-  assert capfd.readouterr().err == 'a line of ours\n'
+    os.write(2, b'E0000 00:00:1.0   1 x.cc:1] an error TensorFlow has not '
+                b'printed before\n')
+    os.write(2, _CUINIT)
+    os.write(2, _absl_python_line(logging.INFO, 'frames').encode() + b'\n')
+  err = capfd.readouterr().err.splitlines()
+  assert err[:2] == ['a line of ours',
+                     'E0000 00:00:1.0   1 x.cc:1] an error TensorFlow has not '
+                     'printed before']
+  assert len(err) == 3 and err[2].endswith('driver.py:92] frames'), err
+  assert quiet.captured_lines() == [_BENIGN.decode().rstrip(),
+                                    _CUINIT.decode().rstrip()]
+
+
+def test_fatal_line_reaches_stderr_when_tensorflow_aborts(tmp_path):
+  # TensorFlow aborts while it is imported (e.g. no AVX): its FATAL line must be on
+  # the terminal, not in a capture that the abort never writes back.
+  code = ('import os\nfrom impala_tf import quiet\n'
+          'with quiet._native_lines_dropped():\n'
+          f'  os.write(2, {_BENIGN!r})\n'
+          "  os.write(2, b'F0000 00:00:1.0   7 cpu_feature_guard.cc:81] The "
+          "TensorFlow library was compiled to use AVX instructions, but these "
+          "aren\\'t available on your machine.\\n')\n"
+          '  os.abort()\n')
+  env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep +
+             os.environ.get('PYTHONPATH', ''))
+  proc = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode != 0
+  assert proc.stderr.splitlines() == [
+      'F0000 00:00:1.0   7 cpu_feature_guard.cc:81] The TensorFlow library was '
+      "compiled to use AVX instructions, but these aren't available on your "
+      'machine.'], proc.stderr
+
+
+def test_no_temp_file_means_an_unquiet_import_not_a_failure(capfd, monkeypatch):
+  def no_temp_file(*unused_args, **unused_kwargs):
+    raise OSError(28, 'No space left on device')
+
+  monkeypatch.setattr(tempfile, 'mkstemp', no_temp_file)
+  monkeypatch.setattr(tempfile, 'TemporaryFile', no_temp_file)
+  with quiet._native_lines_dropped():  # pylint: disable=protected-access
+    os.write(2, _BENIGN)
+  assert capfd.readouterr().err == _BENIGN.decode()
 
 
 _PROBE = '''

@@ -346,6 +346,34 @@ def test_quiet_start_prints_only_our_lines(tmp_path):
   assert f'{PROG}: done:' in proc.stdout
 
 
+def test_tf_log_level_two_set_by_the_user_is_as_quiet_as_unset(tmp_path):
+  # TF_CPP_MIN_LOG_LEVEL=2 is the usual way to quiet TensorFlow: it must not show
+  # TensorFlow's start-up lines (the cuInit "error" among them) that the quiet
+  # start drops when the variable is unset.
+  logdir = str(tmp_path / 'run')
+  proc = subprocess.run(
+      _train_cmd(*TINY, f'--logdir={logdir}', '--total_environment_frames=200'),
+      cwd=REPO, env=_quiet_env(TF_CPP_MIN_LOG_LEVEL='2'), capture_output=True,
+      text=True, timeout=240)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines and all(_OUR_LINE_RE.match(l) for l in lines), proc.stderr[-3000:]
+  assert 'cuInit' not in proc.stderr and 'absl::InitializeLog' not in proc.stderr
+
+
+@pytest.mark.skipif(_HAS_GPU, reason='needs a machine without a GPU')
+def test_missing_gpus_show_tensorflows_captured_lines(tmp_path):
+  proc = subprocess.run(
+      _train_cmd(*TINY, f'--logdir={tmp_path / "run"}', '--num_gpus=1'),
+      cwd=REPO, env=_quiet_env(), capture_output=True, text=True, timeout=240)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.splitlines()
+  assert lines[-1].startswith(f'{PROG}: error: --num_gpus=1: only 0 GPU(s) are '
+                              'visible'), proc.stderr[-3000:]
+  # What TensorFlow said about CUDA at start-up (dropped on a normal start).
+  assert any('cuInit' in l or 'cuda' in l.lower() for l in lines[:-1]), lines
+
+
 def test_tf_log_level_set_by_the_user_brings_tensorflow_logs_back(tmp_path):
   missing = str(tmp_path / 'missing')
   cmd = [sys.executable, '-m', 'impala_tf.export', f'--logdir={missing}']
@@ -433,10 +461,10 @@ def test_second_run_on_a_busy_logdir_is_refused_while_the_first_runs(tmp_path):
   log = (tmp_path / 'first.log').read_text(encoding='utf-8')
   assert first.returncode == 0, log[-3000:]
   assert _metrics(logdir)[-1]['final'] is True
-  # The first run is over: the logdir is free again.
+  # The first run is over: the logdir is free again (the rerun resumes it).
   again = _run(TINY + [f'--logdir={logdir}', '--total_environment_frames=1000'])
   assert again.returncode == 0, again.stderr[-3000:]
-  assert 'nothing to train' in again.stdout
+  assert 'impala_tf: resuming from ' in again.stdout, again.stdout[-3000:]
 
 
 # --- errors in the user's own torso (--network=MODULE:FUNCTION) ---------------------

@@ -301,11 +301,14 @@ class _Run:
         time.sleep(0.05)
       if not source.active:
         del iterator
-      # The actors were told to stop (internal_stop); waiting for them (up to
-      # actor_pool.STOP_JOIN_SECS for one hung in its env) overlaps the writes.
+      # The actors were told to stop (internal_stop). Waiting for the threads (up
+      # to actor_pool.STOP_JOIN_SECS for one hung in its env) overlaps the writes;
+      # the Ray pool, which kills processes and shuts Ray down, stops first.
       stopper = threading.Thread(target=self.pool.stop, name='pool-stop',
                                  daemon=True)
       stopper.start()
+      if not isinstance(self.pool, actor_pool.ThreadActorPool):
+        stopper.join()
       final = self._metrics(final=True)
       final['reached_target'] = reached_target
       final['interrupted'] = interrupted
@@ -316,8 +319,9 @@ class _Run:
                                                self.steps_run == 0):
         self._save()
       self.writer.close()
-    fatal = lambda: [e for e in (self.nonfinite_error, self.pool.error, source.error)
-                     if e is not None]
+    def fatal():
+      return [e for e in (self.nonfinite_error, self.pool.error, source.error)
+              if e is not None]
     try:
       if not fatal():
         self.save_policy()

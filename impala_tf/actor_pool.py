@@ -31,6 +31,7 @@ is rebuilt with fresh env seeds and counted in `restarts`; one that dies
 """
 
 import abc
+import re
 import threading
 import time
 import traceback
@@ -178,8 +179,23 @@ class ActorPool(abc.ABC):
     self.stop_event = stop_event
     self.resumes = resumes
     self.error: Optional[BaseException] = None
+    self._seen_errors = set()
+    self._seen_errors_lock = threading.Lock()
     self.queue = data.LearnerQueue(config.learner_queue_size,
                                    config.learner_queue_timeout, stop_event)
+
+  def first_time(self, error: BaseException) -> bool:
+    """Whether no actor of this pool died of this error before (for logging).
+
+    Errors are the same when their type and message are, numbers aside (an env
+    step or index differs from one death to the next).
+    """
+    key = (type(error).__name__, re.sub(r'\d+', 'N', str(error)))
+    with self._seen_errors_lock:
+      if key in self._seen_errors:
+        return False
+      self._seen_errors.add(key)
+      return True
 
   def fail(self, error: BaseException):
     """Records the first fatal error and stops the run."""
@@ -248,8 +264,12 @@ class _ActorThread(threading.Thread):
       except Exception as e:  # pylint: disable=broad-except
         if stop.is_set():
           return
-        logging.error('actor %d died (%s: %s); restarting it with a fresh env.\n%s',
-                      self.actor_id, type(e).__name__, e, traceback.format_exc())
+        logging.error('actor %d died (%s); restarting it with a fresh env.',
+                      self.actor_id, _one_line(f'{type(e).__name__}: {e}'))
+        if pool.first_time(e):  # The traceback once per distinct error.
+          logging.error('actor %d: traceback of %s (shown once per distinct '
+                        'error):\n%s', self.actor_id, type(e).__name__,
+                        traceback.format_exc())
         if not budget.died():
           pool.fail(ActorPoolError(budget.message(self.actor_id, e)))
           return

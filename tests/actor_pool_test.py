@@ -3,6 +3,7 @@
 The Ray backend has its own tests (tests/ray_actors_test.py).
 """
 
+import logging
 import sys
 import threading
 import time
@@ -106,6 +107,29 @@ def test_thread_pool_restarts_a_dying_actor_then_fails_in_one_line():
   assert pool.restarts == actor_pool.MAX_RESTARTS - 1
   assert message.startswith(f'actor 0 died {actor_pool.MAX_RESTARTS} times in 60 s')
   assert 'emulator crashed' in message and '\n' not in message
+
+
+def test_restarts_log_one_line_each_and_the_traceback_once(caplog):
+  pool, _, _, stop, weights = _pool(env=CRASH_ID, num_actors=1)
+  with caplog.at_level(logging.ERROR):
+    pool.start(0, weights)
+    assert stop.wait(timeout=60)
+    pool.stop()
+  records = [r.getMessage() for r in caplog.records]
+  died = [m for m in records if m.startswith('actor 0 died')]
+  assert len(died) == actor_pool.MAX_RESTARTS, records
+  assert all('\n' not in m for m in died), died
+  tracebacks = [m for m in records if 'Traceback (most recent call last)' in m]
+  assert len(tracebacks) == 1, records  # Five deaths, one distinct error.
+  assert 'emulator crashed' in tracebacks[0]
+
+
+def test_first_time_tells_errors_apart_numbers_aside():
+  pool = _pool()[0]
+  assert pool.first_time(RuntimeError('env 0 failed at step 3'))
+  assert not pool.first_time(RuntimeError('env 1 failed at step 7'))
+  assert pool.first_time(ValueError('env 0 failed at step 3'))
+  assert pool.first_time(RuntimeError('something else'))
 
 
 def test_restart_budget_counts_deaths_in_the_window():

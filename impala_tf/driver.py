@@ -35,6 +35,7 @@ from impala_tf import metrics as metrics_lib
 from impala_tf import networks
 from impala_tf import replay as replay_lib
 from impala_tf import rundir
+from impala_tf import saved_policy
 
 
 # Seconds a stop request waits for the learner loop to reach the end of its reuse
@@ -232,7 +233,7 @@ class _Run:
     """Restores the latest checkpoint (if any) and writes config.json."""
     try:
       restored = self.ckpt.restore_latest()
-    except checkpoints.RunDirError as e:  # Mismatched, or none readable.
+    except rundir.RunDirError as e:  # Mismatched, unreadable, or none readable.
       raise TrainingError(str(e)) from None
     if restored:
       self.resumes.assign_add(1)
@@ -465,6 +466,6 @@ class _Run:
     return self.ckpt.save(int(self.learner.learner_steps.numpy()))
 
   def save_policy(self):
-    checkpoints.save_policy(
+    saved_policy.save_policy(
         self.learner.network,
-        os.path.join(self.config.logdir, checkpoints.SAVED_POLICY_SUBDIR))
+        os.path.join(self.config.logdir, rundir.SAVED_POLICY_SUBDIR))

@@ -407,24 +407,5 @@ def test_restore_network_with_no_readable_checkpoint_says_so(tmp_path):
   assert '; ckpt-1: ' in message
 
 
-def test_save_policy_serves_the_network(tmp_path):
-  cfg = testing.tiny_config(logdir=str(tmp_path))
-  net = checkpoints.build_network(cfg)
-  checkpoints.save_policy(net, str(tmp_path / 'policy'))
-  sig = tf.saved_model.load(str(tmp_path / 'policy')).signatures['serving_default']
-  obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-  out = sig(observation=tf.constant(obs))
-  from impala_tf import types  # pylint: disable=g-import-not-at-top
-  zeros = types.AgentInput(obs, np.zeros(5, np.int32), np.zeros(5, np.float32),
-                           np.zeros(5, bool))
-  expected, _ = net.step(zeros, ())
-  np.testing.assert_allclose(out['policy_logits'].numpy(),
-                             expected.policy_logits.numpy(), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(out['baseline'].numpy(), expected.baseline.numpy(),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(out['greedy_action'].numpy(),
-                                np.argmax(expected.policy_logits.numpy(), -1))
-
-
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))

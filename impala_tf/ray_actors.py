@@ -32,10 +32,13 @@ Ray already initialised in this process (library use, tests) is used as it is.
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
+import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from impala_tf import quiet
 
@@ -78,12 +81,19 @@ class RaySession:
   Args:
     address: Config.ray_address.
     num_cpus: CPUs of a local instance (default: this machine's).
+    connect_timeout: Config.ray_connect_timeout_secs: seconds a cluster at
+      `address` has to answer and accept this driver.
 
   Attributes:
     started: True when this session started the Ray instance (and stops it).
+
+  Raises:
+    actor_pool.ActorPoolError: (one line) no Ray cluster answered at `address`
+      within `connect_timeout`.
   """
 
-  def __init__(self, address: str, num_cpus: Optional[int] = None):
+  def __init__(self, address: str, num_cpus: Optional[int] = None,
+               connect_timeout: float = 60.0):
     ray = _ray()
     self.started = False
     self._connected = False
@@ -92,7 +102,7 @@ class RaySession:
     handlers = _save_signal_handlers()
     try:
       if address:
-        ray.init(address=address, log_to_driver=True)
+        _join(ray, address, connect_timeout)
       else:
         _start_local(ray, num_cpus)
         self.started = True
@@ -107,6 +117,90 @@ class RaySession:
     if self._connected:
       self._connected = False
       _ray().shutdown()
+
+
+_LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
+
+
+def _bootstrap_address(address: str) -> str:
+  """HOST:PORT that `address` ('auto', HOST:PORT or ray://HOST:PORT) points to.
+
+  Raises:
+    actor_pool.ActorPoolError: 'auto' finds no running Ray on this machine.
+  """
+  if address == 'auto':
+    from ray._private import services  # pylint: disable=g-import-not-at-top
+    try:
+      found = services.get_ray_address_from_environment('auto', None)
+    except Exception as e:  # pylint: disable=broad-except
+      raise actor_pool.ActorPoolError(
+          f'--ray_address=auto found no running Ray cluster on this machine '
+          f'({actor_pool._one_line(e)}); start one with `ray start --head` or give '  # pylint: disable=protected-access
+          'its HOST:PORT') from None
+    if not found or found == 'auto':
+      raise actor_pool.ActorPoolError(
+          '--ray_address=auto found no running Ray cluster on this machine; start '
+          'one with `ray start --head` or give its HOST:PORT')
+    address = found
+  return address.split('://', 1)[-1]
+
+
+def _split_host_port(address: str, flag_value: str):
+  host, sep, port = address.rpartition(':')
+  if not sep or not port.isdigit() or not host:
+    raise actor_pool.ActorPoolError(
+        f'--ray_address={flag_value}: must be HOST:PORT (as printed by `ray start '
+        "--head`), 'auto' or '' (start a local Ray)")
+  return host.strip('[]'), int(port)
+
+
+def _join(ray, address: str, timeout: float):
+  """ray.init(address=...) that answers within `timeout` seconds, in one line.
+
+  A TCP connection to the head's GCS port is tried first (Ray itself retries an
+  address where nothing listens for minutes without a word), then ray.init runs
+  with what is left of `timeout`. A head on the loopback interface (a single-machine
+  `ray start --head`) is joined as a loopback node: Ray would otherwise rewrite
+  127.0.0.1 to this machine's network address and find no node there.
+  """
+  deadline = time.monotonic() + timeout
+  target = _bootstrap_address(address)
+  host, port = _split_host_port(target, address)
+  said = f'--ray_address={address}' + (f' ({target})' if target != address else '')
+  hint = (f'within --ray_connect_timeout_secs={timeout:g}; check that the cluster '
+          'is up (`ray status` on its head) and reachable from here, or raise '
+          '--ray_connect_timeout_secs')
+  try:
+    with socket.create_connection((host, port), timeout=max(0.1, timeout)):
+      pass
+  except OSError as e:
+    raise actor_pool.ActorPoolError(
+        f'{said}: no Ray cluster answered ({type(e).__name__}: '
+        f'{actor_pool._one_line(e)}) {hint}') from None  # pylint: disable=protected-access
+  loopback = host in _LOOPBACK_HOSTS
+  outcome = {}
+
+  def init():
+    try:
+      with loopback_only() if loopback else contextlib.nullcontext():
+        ray.init(address=address if address.startswith('ray://') else target,
+                 log_to_driver=True)
+      outcome['ok'] = True
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome['error'] = e
+
+  thread = threading.Thread(target=init, name='ray-init', daemon=True)
+  thread.start()
+  thread.join(max(0.0, deadline - time.monotonic()))
+  if thread.is_alive():
+    raise actor_pool.ActorPoolError(
+        f'{said}: something listens there but no Ray cluster accepted this driver '
+        f'{hint}')
+  if 'error' in outcome:
+    e = outcome['error']
+    raise actor_pool.ActorPoolError(
+        f'{said}: could not join the Ray cluster ({type(e).__name__}: '
+        f'{actor_pool._one_line(e)})') from e  # pylint: disable=protected-access
 
 
 def _save_signal_handlers():
@@ -175,8 +269,91 @@ def hide_gpus_unless_assigned() -> bool:
   return True
 
 
+class VersionMismatchError(RuntimeError):
+  """A Ray actor runs other impala_tf or TensorFlow versions than the driver."""
+
+
+class WeightsMismatchError(RuntimeError):
+  """The weights sent to a Ray actor do not fit its network's variables."""
+
+
+# Errors no replacement actor can get past: they stop the run at once.
+_FATAL_ERRORS = (VersionMismatchError, WeightsMismatchError)
+
+
+def local_versions() -> Dict[str, str]:
+  """Versions that must agree between the driver and its Ray actors."""
+  # The package (imported before any of its modules; not a BUILD dependency: it
+  # depends on the driver, which depends on this module).
+  package = sys.modules[__name__.rpartition('.')[0]]
+  return {'impala_tf': package.__version__, 'TensorFlow': tf.__version__}
+
+
+def _canonical_name(name: str) -> str:
+  """A variable name without ':0' and Keras' uniquifying '_N' suffixes.
+
+  The driver's reference network is built in a process that already holds the
+  learner's, so Keras may have named its layers `dense_1` where an actor says
+  `dense`.
+  """
+  name = name.split(':', 1)[0]
+  return '/'.join(re.sub(r'_\d+$', '', part) for part in name.split('/'))
+
+
+def weight_spec(variables) -> List[Tuple[str, Tuple[int, ...]]]:
+  """(canonical name, shape) of each variable, in order (see `_canonical_name`)."""
+  return [(_canonical_name(v.name), tuple(int(d) for d in v.shape))
+          for v in variables]
+
+
+def check_weights(spec, weights: Sequence[np.ndarray], variables,
+                  actor_id: int):
+  """Raises WeightsMismatchError unless `spec` and `weights` fit `variables`.
+
+  Args:
+    spec: `weight_spec` of the driver's network (the order of `weights`).
+    weights: the arrays, one per variable.
+    variables: the actor's network variables.
+    actor_id: for the message.
+  """
+  mine = weight_spec(variables)
+  problem = None
+  if len(spec) != len(weights):
+    problem = f'{len(weights)} arrays for {len(spec)} variables'
+  elif len(spec) != len(mine):
+    problem = (f'the driver\'s network has {len(spec)} variables, the actor\'s '
+               f'{len(mine)}')
+  else:
+    for (name, shape), w, (my_name, my_shape) in zip(spec, weights, mine):
+      if name != my_name or tuple(shape) != my_shape:
+        problem = (f'the driver sends {name} {list(shape)} where the actor has '
+                   f'{my_name} {list(my_shape)}')
+        break
+      if tuple(np.shape(w)) != my_shape:
+        problem = f'{name}: an array of shape {list(np.shape(w))} for {list(my_shape)}'
+        break
+  if problem:
+    raise WeightsMismatchError(
+        f'the weights sent to Ray actor {actor_id} do not fit its network ('
+        f'{problem}): the driver and the actor\'s node run different code or '
+        'flags; install the same impala_tf on every node')
+
+
+def _set_threads(num_threads: int):
+  try:
+    tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+  except RuntimeError:  # TensorFlow already started (an actor built in-process).
+    pass
+
+
 class ImpalaActor:
   """The body of one Ray actor process: an impala_tf Actor, one unroll per call.
+
+  The constructor only hides GPUs and sets threads; the env and network are built
+  at the first `unroll`, after the actor checked that it runs the driver's
+  versions, so a failure there reaches the driver as that call's error (with its
+  root cause), not as a dead actor.
 
   Args:
     config_dict: the run's `Config.to_dict()`.
@@ -188,17 +365,51 @@ class ImpalaActor:
     rng_alg: its algorithm.
     num_threads: TensorFlow intra/inter-op threads (the CPUs it reserved, >= 1).
     resumes: times the run was resumed (enters the env seeds).
+    driver_versions: the driver's `local_versions()` (None: not checked).
   """
 
   def __init__(self, config_dict: dict, actor_id: int, restarts: int,
                observation_space, action_space, rng_state: np.ndarray, rng_alg,
-               num_threads: int, resumes: int = 0):
-    tf.config.threading.set_intra_op_parallelism_threads(num_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+               num_threads: int, resumes: int = 0,
+               driver_versions: Optional[Dict[str, str]] = None):
+    _set_threads(num_threads)
     hide_gpus_unless_assigned()  # Never take the learner's GPUs.
-    config = config_lib.Config.from_dict(config_dict)
+    self._args = (config_dict, actor_id, restarts, observation_space, action_space,
+                  rng_state, rng_alg, resumes)
+    self._actor_id = actor_id
+    self._driver_versions = driver_versions
     self._broadcast = actor_lib.ParameterBroadcast()
     self._episodes: List[types.EpisodeStats] = []
+    self._actor = None
+    self._unrolls = None
+    self._rng = None
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def ready(self) -> int:
+    """Answers once the actor process is up (its imports done): its pid."""
+    return os.getpid()
+
+  def _check_versions(self):
+    mine = local_versions()
+    theirs = self._driver_versions
+    if theirs is None or mine == theirs:
+      return
+    node = _ray().util.get_node_ip_address()
+
+    def say(v):
+      keys = list(mine) + [k for k in theirs if k not in mine]
+      return ', '.join(f'{k} {v.get(k)}' for k in keys)
+    raise VersionMismatchError(
+        f'Ray actor {self._actor_id} on node {node} runs {say(mine)} but the '
+        f'driver runs {say(theirs)}; install the same versions on every node')
+
+  def _build(self):
+    self._check_versions()
+    (config_dict, actor_id, restarts, observation_space, action_space, rng_state,
+     rng_alg, resumes) = self._args
+    config = config_lib.Config.from_dict(config_dict)
     self._rng = tf.random.Generator.from_state(rng_state, rng_alg)
     self._actor = actor_pool.make_actor(
         config, actor_id, restarts, observation_space, action_space,
@@ -206,25 +417,31 @@ class ImpalaActor:
         rng=self._rng, resumes=resumes)
     self._unrolls = self._actor.unrolls()
 
-  def pid(self) -> int:
-    return os.getpid()
-
   def unroll(self, version: int, weights_ref: list):
     """Acts one unroll with the weights of `version`.
 
     Args:
       version: the policy version (learner step) of `weights_ref[0]`.
       weights_ref: a one-element list holding the ObjectRef of the weights (a list,
-        so Ray passes the reference and the weights are fetched only when new).
+        so Ray passes the reference and the weights are fetched only when new):
+        `(spec, arrays)`, `spec` the driver network's `weight_spec`.
 
     Returns:
       (chunk, info): the chunk (dict of arrays `[B, T + 1, ...]`); info is a dict
       with `steps` (int, agent steps taken), `episodes` (list of (return, length))
       and `rng_state` (the sampling generator's state after this unroll).
+
+    Raises:
+      VersionMismatchError, WeightsMismatchError: see the classes; the env's own
+        errors.
     """
+    if self._actor is None:
+      self._build()
     if version != self._broadcast.version:
-      import ray  # pylint: disable=g-import-not-at-top
-      self._broadcast.publish(version, ray.get(weights_ref[0]))
+      spec, weights = _ray().get(weights_ref[0])
+      check_weights(spec, weights, self._actor._network.variables,  # pylint: disable=protected-access
+                    self._actor_id)
+      self._broadcast.publish(version, weights)
     steps = self._actor.steps
     try:
       chunk = next(self._unrolls)
@@ -236,6 +453,38 @@ class ImpalaActor:
             'rng_state': self._rng.state.numpy()}
     self._episodes.clear()
     return chunk, info
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def root_cause(error: BaseException) -> str:
+  """One line naming what made a Ray actor fail: `Type: message (at FILE:LINE in F)`.
+
+  For an exception raised in the actor (a `RayTaskError`): the original exception's
+  type and message and the innermost frame of its traceback (the env's own code
+  when the env raised). For an actor process that died: Ray's reason.
+  """
+  exceptions = _ray().exceptions
+  if isinstance(error, exceptions.RayTaskError):
+    cause = getattr(error, 'cause', None) or error
+    # The exception ray.get raises derives from the cause's class too; its str is
+    # the remote traceback (it has no traceback_str of its own).
+    frames = _FRAME.findall(str(error))
+    where = f' (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})' if frames else ''
+    return (f'{type(cause).__name__}: '
+            f'{actor_pool._one_line(cause)}{where}')  # pylint: disable=protected-access
+  if isinstance(error, exceptions.RayActorError):
+    lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+    # An error in the actor's creation task: the last line is the exception.
+    frames = _FRAME.findall(str(error))
+    if getattr(error, 'actor_init_failed', False) and frames:
+      where = f' (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})'
+      return f'{type(error).__name__}: {actor_pool._one_line(lines[-1])}{where}'  # pylint: disable=protected-access
+    reason = [l for l in lines if not l.startswith(('class_name:', 'actor_id:',
+                                                   'pid:', 'name:', 'namespace:'))]
+    return f'{type(error).__name__}: {actor_pool._one_line(" ".join(reason))}'  # pylint: disable=protected-access
+  return f'{type(error).__name__}: {actor_pool._one_line(error)}'  # pylint: disable=protected-access
 
 
 class _Slot:
@@ -269,12 +518,19 @@ class RayActorPool(actor_pool.ActorPool):
     self._feeder: Optional[threading.Thread] = None
     self._remote_class = None
     self._last_placement_check = 0.0
+    self._spec = None
 
   # --- The interface ---------------------------------------------------------
 
   def start(self, version, weights):
+    self._spec = self._reference_spec()
+    if [tuple(s) for _, s in self._spec] != [tuple(np.shape(w)) for w in weights]:
+      raise actor_pool.ActorPoolError(
+          f'the learner\'s weights (shapes {[list(np.shape(w)) for w in weights]}) '
+          f'do not fit the actors\' network ({[list(s) for _, s in self._spec]})')
     self.publish(version, weights)
-    self._session = RaySession(self.config.ray_address)
+    self._session = RaySession(self.config.ray_address,
+                               connect_timeout=self.config.ray_connect_timeout_secs)
     ray = _ray()
     self._remote_class = ray.remote(ImpalaActor)
     self._check_capacity(ray)
@@ -337,6 +593,14 @@ class RayActorPool(actor_pool.ActorPool):
 
   # --- Actors ----------------------------------------------------------------
 
+  def _reference_spec(self):
+    """`weight_spec` of the network an actor builds from this run's config."""
+    from impala_tf import networks  # pylint: disable=g-import-not-at-top
+    with tf.device('/cpu:0'):
+      net = networks.make_network(self.config, self.observation_space,
+                                  self.action_space)
+    return weight_spec(net.variables)
+
   def _options(self) -> dict:
     res = dict(self._resources)
     opts = dict(num_cpus=res.pop('CPU', 0.0), num_gpus=res.pop('GPU', 0.0),
@@ -352,7 +616,8 @@ class RayActorPool(actor_pool.ActorPool):
     threads = max(1, int(self._resources.get('CPU', 1)))
     slot.handle = self._remote_class.options(**self._options()).remote(
         self.config.to_dict(), slot.actor_id, slot.restarts, self.observation_space,
-        self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes)
+        self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes,
+        local_versions())
     slot.answered = False
     slot.pending = []
     for _ in range(REQUESTS_IN_FLIGHT):
@@ -363,7 +628,8 @@ class RayActorPool(actor_pool.ActorPool):
     ray = _ray()
     with self._lock:
       if self._ref_version != self._version:
-        self._weights_ref = ray.put(self._weights)  # Once per version sent.
+        # Once per version sent, with the names and shapes they are for.
+        self._weights_ref = ray.put((self._spec, self._weights))
         self._ref_version = self._version
         self.num_weight_puts += 1
       version, ref = self._version, self._weights_ref
@@ -411,15 +677,21 @@ class RayActorPool(actor_pool.ActorPool):
     """Replaces the slot's dead actor, or stops the run when it cannot."""
     if self.stop_event.is_set():
       return
-    logging.error('Ray actor %d died (%s: %s); replacing it with a fresh env.',
-                  slot.actor_id, type(error).__name__, error)
+    cause = root_cause(error)
+    if isinstance(getattr(error, 'cause', None), _FATAL_ERRORS):
+      self.fail(actor_pool.ActorPoolError(actor_pool._one_line(error.cause)))  # pylint: disable=protected-access
+      return
+    logging.error('Ray actor %d died (%s); replacing it with a fresh env.\n%s',
+                  slot.actor_id, cause, error)
     try:
       ray.kill(slot.handle, no_restart=True)
     except Exception:  # pylint: disable=broad-except
       pass
     slot.pending = []
     if not slot.budget.died():
-      self.fail(actor_pool.ActorPoolError(slot.budget.message(slot.actor_id, error)))
+      self.fail(actor_pool.ActorPoolError(
+          f'Ray actor {slot.actor_id} died {actor_pool.MAX_RESTARTS} times in '
+          f'{actor_pool.RESTART_WINDOW_SECS:.0f} s; last error: {cause}'))
       return
     if not self._placeable(ray):
       self.fail(actor_pool.ActorPoolError(self._unplaceable_message(slot, error)))

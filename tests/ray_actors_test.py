@@ -16,6 +16,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -163,6 +164,65 @@ def test_ray_pool_chunks_equal_thread_chunks_none_lost_or_duplicated(local_ray):
       np.testing.assert_array_equal(prev['observation'][:, t], nxt['observation'][:, 0])
   assert episodes and all(e.length > 0 for e in episodes)
   assert pool.restarts == 0 and pool.error is None
+
+
+def _unroll_in_process(config, spec_edit=None, **actor_kwargs):
+  """One unroll of an ImpalaActor built in this process (no actor process)."""
+  actor = ray_actors.ImpalaActor(*_actor_args(config), **actor_kwargs)
+  obs_space, action_space = _spaces(config)
+  net = networks.make_network(config, obs_space, action_space)
+  spec = ray_actors.weight_spec(net.variables)
+  if spec_edit:
+    spec = spec_edit(spec)
+  ref = ray.put((spec, [v.numpy() for v in net.variables]))
+  return actor.unroll(0, [ref])
+
+
+def test_actor_checks_the_driver_versions(local_ray):
+  del local_ray
+  config = _config()
+  mine = ray_actors.local_versions()
+  chunk, info = _unroll_in_process(config, driver_versions=dict(mine))
+  assert chunk['reward'].shape == (4, 6) and info['steps'] == 20
+  with pytest.raises(ray_actors.VersionMismatchError) as e:
+    _unroll_in_process(config, driver_versions=dict(mine, impala_tf='0.0.1'))
+  message = str(e.value)
+  assert '\n' not in message
+  assert f"impala_tf {mine['impala_tf']}" in message and 'impala_tf 0.0.1' in message
+
+
+@pytest.mark.parametrize('edit,says', [
+    (lambda spec: spec[::-1], 'agent/baseline/b [1]'),  # Same arrays, other order.
+    (lambda spec: [('agent/x/w', s) if i == 0 else (n, s)
+                   for i, (n, s) in enumerate(spec)], 'agent/x/w'),
+    (lambda spec: spec[:-1], '6 arrays for 5 variables'),
+])
+def test_actor_checks_weights_by_name_and_shape(local_ray, edit, says):
+  del local_ray
+  with pytest.raises(ray_actors.WeightsMismatchError) as e:
+    _unroll_in_process(_config(), spec_edit=edit)
+  assert says in str(e.value) and '\n' not in str(e.value), str(e.value)
+
+
+def test_version_mismatch_stops_the_pool_at_once_in_one_line(local_ray,
+                                                             monkeypatch):
+  del local_ray
+  # The driver says it runs another impala_tf than its actors do.
+  monkeypatch.setattr(ray_actors, 'local_versions',
+                      lambda: {'impala_tf': '0.0.1', 'TensorFlow': tf.__version__})
+  config = _config(num_actors=1)
+  stop = threading.Event()
+  pool = ray_actors.RayActorPool(config, *_spaces(config), lambda e: None,
+                                 _rngs(config), stop)
+  try:
+    pool.start(0, _weights(config, seed=1))
+    assert stop.wait(300)
+  finally:
+    pool.stop()
+  message = str(pool.error)
+  assert message.startswith('Ray actor 0 on node 127.0.0.1 runs impala_tf '), message
+  assert 'but the driver runs impala_tf 0.0.1' in message and '\n' not in message
+  assert pool.restarts == 0
 
 
 def test_actors_that_do_not_fit_stop_the_run_in_one_line(local_ray, tmp_path):
@@ -337,6 +397,71 @@ def test_cluster_actors_on_the_other_node_and_node_loss(two_nodes, tmp_path):
   assert final['final'] is True and final['learner_steps'] >= 4
   counters = _checkpoint_counters(str(tmp_path))
   assert counters['learner_steps'] == final['learner_steps']
+
+
+# --- Joining a running Ray ---------------------------------------------------------
+
+
+def _within(seconds, fn):
+  """fn() in a thread; its result, its exception, or a failure after `seconds`."""
+  out = {}
+
+  def run():
+    try:
+      out['value'] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      out['error'] = e
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  thread.join(seconds)
+  assert not thread.is_alive(), f'still running after {seconds} s'
+  if 'error' in out:
+    raise out['error']
+  return out['value']
+
+
+@pytest.fixture
+def no_ray():
+  if ray.is_initialized():
+    ray.shutdown()  # The module's local instance (its fixture's close is a no-op).
+  yield
+  if ray.is_initialized():
+    ray.shutdown()
+
+
+def test_an_address_where_nothing_answers_is_one_line_in_time(no_ray):
+  del no_ray
+  with socket.socket() as s:  # A loopback port where nothing listens.
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  start = time.monotonic()
+  with pytest.raises(actor_pool.ActorPoolError) as e:
+    _within(90, lambda: ray_actors.RaySession(f'127.0.0.1:{port}'))
+  message = str(e.value)
+  assert message.startswith(f'--ray_address=127.0.0.1:{port}: no Ray cluster '
+                            'answered (ConnectionRefusedError'), message
+  assert '--ray_connect_timeout_secs=60' in message and '\n' not in message
+  assert time.monotonic() - start < 60
+  assert not ray.is_initialized()
+
+
+def test_joins_a_head_started_on_loopback(no_ray):
+  del no_ray
+  # A single-machine head (listening on 127.0.0.1 only), started outside the run.
+  with ray_actors.loopback_only():
+    cluster = cluster_utils.Cluster(initialize_head=True,
+                                    head_node_args={'num_cpus': 1})
+  try:
+    session = _within(120, lambda: ray_actors.RaySession(cluster.address))
+    try:
+      assert not session.started
+      assert [n['NodeManagerAddress'] for n in ray.nodes()] == ['127.0.0.1']
+      assert ray.get(ray.remote(lambda: 7).remote(), timeout=120) == 7
+    finally:
+      session.close()
+    assert not ray.is_initialized()
+  finally:
+    cluster.shutdown()
 
 
 # --- The command line starts and stops its own Ray --------------------------------

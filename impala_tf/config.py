@@ -43,7 +43,9 @@ RESOURCES_ALLOWED = (
 SCHEDULE_ALLOWED = (
     "must be 'constant', 'linear' or piecewise-linear points "
     "'FRAMES:VALUE,FRAMES:VALUE,...' with strictly increasing FRAMES and every FRAMES "
-    'and VALUE a number >= 0 (e.g. 0:0.01,1e6:0.001)')
+    'and VALUE a number >= 0 (e.g. 0:0.01,1e6:0.001; FRAMES as P% of '
+    '--total_environment_frames and VALUE as a multiple Vx of the base value: '
+    '0%:1x,30%:0.15x,100%:0x)')
 
 
 class ConfigError(ValueError):
@@ -71,7 +73,8 @@ def _got(value) -> str:
   return f' (got {type(value).__name__})'
 
 
-def parse_schedule(spec: str, field: str):
+def parse_schedule(spec: str, field: str, total_frames: Optional[float] = None,
+                   base_value: Optional[float] = None):
   """Parses a schedule string.
 
   Args:
@@ -79,11 +82,16 @@ def parse_schedule(spec: str, field: str):
       piecewise-linear points 'FRAMES:VALUE,FRAMES:VALUE,...' over env frames, with
       strictly increasing FRAMES (values are held constant outside the points).
       FRAMES and VALUE are finite numbers >= 0, written as Python floats are
-      (`1e6`, `1E6`, `1e+6`, `1_000_000`, `0.001`). A VALUE is the absolute value
-      at that frame (not a multiple of the base value). Values may be 0 (as
-      'linear' reaches 0 at the end), never negative: a negative learning rate
-      ascends the loss and a negative entropy cost penalises exploration.
+      (`1e6`, `1E6`, `1e+6`, `1_000_000`, `0.001`). FRAMES written `P%` are that
+      percentage of `total_frames` (all points or none: `0%:...,30%:...`). A VALUE
+      is the absolute value at that frame; written `Vx` it is V times `base_value`
+      (`--learning_rate`, `--entropy_cost`). Values may be 0 (as 'linear' reaches
+      0 at the end), never negative: a negative learning rate ascends the loss
+      and a negative entropy cost penalises exploration.
     field: the field name, for error messages.
+    total_frames: the run's total_environment_frames, which `P%` frames are a
+      share of; None leaves them as P (to validate a spec alone).
+    base_value: the value `Vx` values multiply; None leaves them as V.
 
   Returns:
     'constant', 'linear', or a tuple of (frames float, value float) pairs.
@@ -95,14 +103,18 @@ def parse_schedule(spec: str, field: str):
     raise ConfigError(field, spec, SCHEDULE_ALLOWED + _got(spec))
   if spec in ('constant', 'linear'):
     return spec
-  points = []
+  points, relative = [], []
   for part in spec.split(','):
-    pieces = part.split(':')
+    pieces = [p.strip() for p in part.split(':')]
     if len(pieces) != 2:
       raise ConfigError(field, spec,
                         f'{SCHEDULE_ALLOWED}; {part.strip()!r} is not FRAMES:VALUE')
+    frames_text, value_text = pieces
+    percent = frames_text.endswith('%')
+    times = value_text.endswith('x')
     try:
-      frames, value = float(pieces[0]), float(pieces[1])
+      frames = float(frames_text[:-1] if percent else frames_text)
+      value = float(value_text[:-1] if times else value_text)
     except ValueError:
       raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; {part.strip()!r} is not '
                         'FRAMES:VALUE with two numbers') from None
@@ -110,7 +122,15 @@ def parse_schedule(spec: str, field: str):
             value >= 0):
       raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; {part.strip()!r} has a '
                         'negative or non-finite number')
+    if percent and total_frames is not None:
+      frames = frames / 100.0 * float(total_frames)
+    if times and base_value is not None:
+      value = value * float(base_value)
+    relative.append(percent)
     points.append((frames + 0.0, value + 0.0))  # + 0.0 turns -0.0 into 0.0.
+  if any(relative) and not all(relative):
+    raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; FRAMES are all percentages '
+                      'of --total_environment_frames (P%) or none')
   if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
     raise ConfigError(field, spec, f'{SCHEDULE_ALLOWED}; FRAMES do not increase')
   return tuple(points)
@@ -172,6 +192,8 @@ class Config:
   ray_address: str = ''
   ray_connect_timeout_secs: float = 60.0
   ray_actor_resources: str = '{"CPU": 1}'
+  max_actor_restarts: int = 100
+  actor_unroll_timeout_secs: float = 300.0
   # Data pipeline.
   batch_size: int = 8
   num_data_loader_buffers: int = 1
@@ -244,11 +266,13 @@ class Config:
 
   @property
   def lr_schedule_points(self):
-    return parse_schedule(self.lr_schedule, 'lr_schedule')
+    return parse_schedule(self.lr_schedule, 'lr_schedule',
+                          self.total_environment_frames, self.learning_rate)
 
   @property
   def entropy_cost_schedule_points(self):
-    return parse_schedule(self.entropy_cost_schedule, 'entropy_cost_schedule')
+    return parse_schedule(self.entropy_cost_schedule, 'entropy_cost_schedule',
+                          self.total_environment_frames, self.entropy_cost)
 
   def replace(self, **changes) -> 'Config':
     """A copy with `changes` applied, validated again."""
@@ -374,6 +398,8 @@ _RULES = {
                     'running Ray cluster such as 10.0.0.1:6379, without spaces'),
     'ray_connect_timeout_secs': _positive('a number of seconds'),
     'ray_actor_resources': _resources('ray_actor_resources'),
+    'max_actor_restarts': _ints(0),
+    'actor_unroll_timeout_secs': _positive('a number of seconds'),
     'batch_size': _ints(1),
     'num_data_loader_buffers': _ints(1),
     'minibatch_buffer_size': _ints(1),

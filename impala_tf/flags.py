@@ -73,7 +73,10 @@ _SCHEDULE_HELP = (
     "'constant'; 'linear' (decay to 0 at --total_environment_frames); or "
     "piecewise-linear points 'FRAMES:VALUE,FRAMES:VALUE,...' over env frames with "
     'increasing FRAMES, VALUE being the value at that frame, held constant outside '
-    'the points; the position is the fresh env frames trained on')
+    'the points; FRAMES written P% are that share of --total_environment_frames '
+    '(all points or none) and VALUE written Vx is V times the base value, so '
+    "'0%:1x,30%:0.15x,100%:0x' follows --learning_rate and the run's length; the "
+    'position is the fresh env frames trained on')
 
 # (key, title, flags). The order is the order of --helpfull and docs/flags.md.
 SECTIONS = (
@@ -151,6 +154,15 @@ SECTIONS = (
               'JSON object such as {"CPU": 1} or {"CPU": 1, "actor_node": 1} (a '
               'custom resource of `ray start --resources` places actors on those '
               'nodes); {} reserves nothing. Range: numbers >= 0.'),
+        _Flag('max_actor_restarts', 'int',
+              'With --actor_backend=ray: Ray actors replaced over the whole run (all '
+              'actors together; each replacement waits 1, 2, 4, ... up to 30 s '
+              'after its actor died again without an unroll); one more death '
+              'stops the run with one line naming its cause. Range: >= 0.'),
+        _Flag('actor_unroll_timeout_secs', 'float',
+              'With --actor_backend=ray: an actor that answers no unroll within '
+              'this many seconds of starting on it (a hung env step) is killed and '
+              'replaced, counting as a restart. Range: > 0.'),
     )),
     ('data', 'Data pipeline', (
         _Flag('batch_size', 'int',

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from impala_tf import config as config_lib
@@ -29,6 +30,8 @@ CONFIG_ERRORS = [
     (dict(ray_address='10.0.0.1: 6379'), 'ray_address', '10.0.0.1: 6379'),
     (dict(ray_connect_timeout_secs=0), 'ray_connect_timeout_secs', '0'),
     (dict(ray_actor_resources='{"CPU": -1}'), 'ray_actor_resources', '{"CPU": -1}'),
+    (dict(max_actor_restarts=-1), 'max_actor_restarts', '-1'),
+    (dict(actor_unroll_timeout_secs=0), 'actor_unroll_timeout_secs', '0'),
     (dict(ray_actor_resources='CPU=1'), 'ray_actor_resources', 'CPU=1'),
     (dict(ray_actor_resources='[1]'), 'ray_actor_resources', '[1]'),
     (dict(ray_actor_resources='{"CPU": "1"}'), 'ray_actor_resources',
@@ -320,6 +323,9 @@ def test_replace_unknown_field_is_named():
     ('0:1,1E6:0.5,1e+7:0', ((0.0, 1.0), (1e6, 0.5), (1e7, 0.0))),
     ('100:2, 2_000 : 1.5e-1', ((100.0, 2.0), (2000.0, 0.15))),
     ('-0:-0', ((0.0, 0.0),)),
+    # Unresolved (no total frames, no base value): the numbers as written.
+    ('0%:1x,30%:0.15x,100%:0x', ((0.0, 1.0), (30.0, 0.15), (100.0, 0.0))),
+    ('0:2e-3, 1e6 : 0.5x', ((0.0, 2e-3), (1e6, 0.5))),
 ])
 def test_parse_schedule(spec, expected):
   points = config_lib.parse_schedule(spec, 'lr_schedule')
@@ -333,6 +339,7 @@ def test_parse_schedule(spec, expected):
 @pytest.mark.parametrize('spec', [
     'Linear', 'cosine', '', ',', '0:1,', '0', '0:', ':1', '0:1:2', 'a:1', '1:b',
     '0:-1', '-5:1', '0:inf', 'inf:1', 'nan:1', '0:nan', '1e6:1,1e6:2', '2:1,1:1',
+    '0%:1,1e6:0', '50%:1x,10%:0', '0:1xx', '%:1', '0:x', '-1%:1',
     None, 0.1, ('0', '1'),
 ])
 def test_parse_schedule_errors(spec):
@@ -344,6 +351,18 @@ def test_parse_schedule_errors(spec):
   assert message.startswith('entropy_cost_schedule=')
   assert "must be 'constant', 'linear' or piecewise-linear points" in message
   assert '\n' not in message
+
+
+def test_relative_schedules_follow_the_base_value_and_the_run_length():
+  cfg = Config(learning_rate=4e-3, total_environment_frames=2_000_000,
+               lr_schedule='0%:1x,30%:0.15x,100%:0x', entropy_cost=0.02,
+               entropy_cost_schedule='0%:1x,25%:0')
+  np.testing.assert_allclose(cfg.lr_schedule_points,
+                             ((0.0, 4e-3), (6e5, 6e-4), (2e6, 0.0)))
+  np.testing.assert_allclose(cfg.entropy_cost_schedule_points,
+                             ((0.0, 0.02), (5e5, 0.0)))
+  with pytest.raises(ConfigError, match='all percentages'):
+    Config(lr_schedule='0%:1x,1e6:0')
 
 
 def test_schedule_points_properties():

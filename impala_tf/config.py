@@ -210,7 +210,7 @@ class Config:
   discounting: float = 0.99
   baseline_cost: float = 0.5
   entropy_cost: float = 0.01
-  entropy_cost_schedule: str = 'constant'
+  entropy_cost_schedule: str = '0%:1x,20%:0x'
   vtrace: bool = True
   clip_rho_threshold: Optional[float] = 1.0
   clip_pg_rho_threshold: Optional[float] = 1.0
@@ -218,14 +218,14 @@ class Config:
   reward_clipping: str = 'none'
   reward_scale: float = 1.0
   loss_reduction: str = 'sum'
-  popart: bool = False
-  popart_beta: float = 3e-4
+  popart: bool = True
+  popart_beta: float = 1e-2
   normalize_advantages: bool = False
   loss_term_grad_norms: bool = True
   # Optimizer.
   optimizer: str = 'adam'
   learning_rate: float = 0.002
-  lr_schedule: str = 'linear'
+  lr_schedule: str = '0%:1x,20%:0.25x,50%:0.05x,100%:0x'
   rmsprop_decay: float = 0.99
   rmsprop_momentum: float = 0.0
   rmsprop_epsilon: float = 0.01

@@ -226,9 +226,14 @@ def test_ray_actor_resources_dict():
 def test_defaults_are_valid():
   cfg = Config()
   assert cfg.mlp_hidden_sizes == (64, 64)
-  # The paper's schedule: linear decay to 0 at total_environment_frames.
-  assert cfg.lr_schedule_points == 'linear'
-  assert cfg.entropy_cost_schedule_points == 'constant'
+  # The learning rate falls to a quarter of --learning_rate by 20% of the run, a
+  # twentieth by half, 0 at the end; the entropy cost to 0 by 20%.
+  np.testing.assert_allclose(
+      cfg.lr_schedule_points,
+      ((0.0, 2e-3), (2e5, 5e-4), (5e5, 1e-4), (1e6, 0.0)))
+  np.testing.assert_allclose(cfg.entropy_cost_schedule_points,
+                             ((0.0, 0.01), (2e5, 0.0)))
+  assert cfg.popart and cfg.popart_beta == 0.01
 
 
 def test_list_becomes_tuple_and_config_is_hashable():

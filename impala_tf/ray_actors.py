@@ -58,8 +58,13 @@ from impala_tf import types
 # Unroll requests each actor has queued: one being computed while the driver takes
 # the previous answer.
 REQUESTS_IN_FLIGHT = 2
-# Seconds between checks that a pending replacement actor can still be placed.
+# Seconds between checks that a pending replacement actor can still be placed, and
+# that no actor hangs.
 _PLACEMENT_CHECK_SECS = 1.0
+# A slot whose actor died n times in a row (no unroll in between) is replaced after
+# min(RESTART_BACKOFF_MAX_SECS, RESTART_BACKOFF_SECS * 2**(n - 1)) seconds.
+RESTART_BACKOFF_SECS = 1.0
+RESTART_BACKOFF_MAX_SECS = 30.0
 # Ray reads this at import to choose the node address; '0' makes it the loopback one.
 _LOOPBACK_ENV = 'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'
 
@@ -267,6 +272,16 @@ def hide_gpus_unless_assigned() -> bool:
   except RuntimeError:  # Devices already initialised; the variable is set anyway.
     pass
   return True
+
+
+def backoff_secs(deaths_in_a_row: int) -> float:
+  """Seconds before replacing an actor that died `deaths_in_a_row` (>= 1) times."""
+  return min(RESTART_BACKOFF_MAX_SECS,
+             RESTART_BACKOFF_SECS * 2.0**(max(1, deaths_in_a_row) - 1))
+
+
+class ActorHungError(RuntimeError):
+  """A Ray actor answered no unroll within --actor_unroll_timeout_secs."""
 
 
 class VersionMismatchError(RuntimeError):
@@ -494,9 +509,15 @@ class _Slot:
     self.actor_id = actor_id
     self.restarts = 0
     self.handle = None
-    self.pending: List[tuple] = []  # (info_ref, chunk_ref), oldest first.
+    # (info_ref, chunk_ref, time.monotonic() when requested), oldest first.
+    self.pending: List[tuple] = []
     self.answered = False  # The current Ray actor has answered once.
     self.budget = actor_pool.RestartBudget()
+    self.ready_ref = None  # Answers once the actor process is up.
+    self.up_at: Optional[float] = None  # When it was seen up (monotonic).
+    self.last_answer_at = 0.0  # When its last unroll was taken (monotonic).
+    self.deaths_in_a_row = 0  # Deaths since its last unroll.
+    self.respawn_at: Optional[float] = None  # A replacement is due then.
 
 
 class RayActorPool(actor_pool.ActorPool):
@@ -519,6 +540,10 @@ class RayActorPool(actor_pool.ActorPool):
     self._remote_class = None
     self._last_placement_check = 0.0
     self._spec = None
+    self._last_hung_check = 0.0
+    # (actor_id, time.monotonic()) of every death and every actor started.
+    self.deaths: List[Tuple[int, float]] = []
+    self.spawns: List[Tuple[int, float]] = []
 
   # --- The interface ---------------------------------------------------------
 
@@ -572,7 +597,7 @@ class RayActorPool(actor_pool.ActorPool):
     """actor_id -> process id of its current Ray actor (for tests and tools)."""
     ray = _ray()
     return {s.actor_id: ray.get(s.handle.pid.remote(), timeout=60)
-            for s in self._slots}
+            for s in self._slots if s.handle is not None}
 
   def stop(self):
     self.stop_event.set()
@@ -618,8 +643,12 @@ class RayActorPool(actor_pool.ActorPool):
         self.config.to_dict(), slot.actor_id, slot.restarts, self.observation_space,
         self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes,
         local_versions())
+    self.spawns.append((slot.actor_id, time.monotonic()))
     slot.answered = False
     slot.pending = []
+    slot.respawn_at = None
+    slot.up_at = None
+    slot.ready_ref = slot.handle.ready.remote()
     for _ in range(REQUESTS_IN_FLIGHT):
       self._request(slot)
 
@@ -635,26 +664,35 @@ class RayActorPool(actor_pool.ActorPool):
       version, ref = self._version, self._weights_ref
     chunk_ref, info_ref = slot.handle.unroll.options(num_returns=2).remote(
         version, [ref])
-    slot.pending.append((info_ref, chunk_ref))
+    slot.pending.append((info_ref, chunk_ref, time.monotonic()))
 
   def _feed(self):
     """The feeder thread: answers in, chunk references to the queue, requests out."""
     ray = _ray()
     try:
       while not self.stop_event.is_set():
+        self._respawn_due()
+        self._note_ready(ray)
+        self._check_hung(ray)
         owner = {p[0]: s for s in self._slots for p in s.pending}
-        ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.2)
+        ready = []
+        if owner:
+          ready, _ = ray.wait(list(owner), num_returns=1, timeout=0.2)
+        else:
+          self.stop_event.wait(0.1)  # Every actor is waiting to be replaced.
         if not ready:
           self._check_placement(ray)
           continue
         slot = owner[ready[0]]
-        info_ref, chunk_ref = slot.pending.pop(0)  # An actor answers in order.
+        info_ref, chunk_ref, _ = slot.pending.pop(0)  # An actor answers in order.
         try:
           info = ray.get(info_ref)
         except ray.exceptions.RayError as e:
           self._replace(slot, e, ray)
           continue
         slot.answered = True
+        slot.deaths_in_a_row = 0
+        slot.last_answer_at = time.monotonic()
         if not self.queue.put(chunk_ref):
           return  # Stopping: this unroll is neither delivered nor counted.
         self._account(slot, info)
@@ -681,13 +719,22 @@ class RayActorPool(actor_pool.ActorPool):
     if isinstance(getattr(error, 'cause', None), _FATAL_ERRORS):
       self.fail(actor_pool.ActorPoolError(actor_pool._one_line(error.cause)))  # pylint: disable=protected-access
       return
-    logging.error('Ray actor %d died (%s); replacing it with a fresh env.\n%s',
-                  slot.actor_id, cause, error)
+    logging.error('Ray actor %d died (%s).\n%s', slot.actor_id, cause, error)
     try:
       ray.kill(slot.handle, no_restart=True)
     except Exception:  # pylint: disable=broad-except
       pass
+    slot.handle = None
     slot.pending = []
+    slot.ready_ref = None
+    self.deaths.append((slot.actor_id, time.monotonic()))
+    limit = self.config.max_actor_restarts
+    if self._restarts >= limit:
+      self.fail(actor_pool.ActorPoolError(
+          f'Ray actor {slot.actor_id} failed ({cause}) and the run already replaced '
+          f'{self._restarts} actors, the most --max_actor_restarts={limit} allows; '
+          'fix the cause or raise --max_actor_restarts'))
+      return
     if not slot.budget.died():
       self.fail(actor_pool.ActorPoolError(
           f'Ray actor {slot.actor_id} died {actor_pool.MAX_RESTARTS} times in '
@@ -699,7 +746,51 @@ class RayActorPool(actor_pool.ActorPool):
     slot.restarts += 1
     with self._lock:
       self._restarts += 1
-    self._spawn(slot)
+    slot.deaths_in_a_row += 1
+    delay = backoff_secs(slot.deaths_in_a_row)
+    slot.respawn_at = time.monotonic() + delay
+    logging.error('Replacing Ray actor %d with a fresh env in %g s (restart %d of at '
+                  'most --max_actor_restarts=%d).', slot.actor_id, delay,
+                  self._restarts, limit)
+
+  def _respawn_due(self):
+    now = time.monotonic()
+    for slot in self._slots:
+      if slot.respawn_at is not None and now >= slot.respawn_at:
+        self._spawn(slot)
+
+  def _note_ready(self, ray):
+    """Notes when each new actor process is up (its unroll timeout starts then)."""
+    refs = {s.ready_ref: s for s in self._slots if s.ready_ref is not None}
+    if not refs:
+      return
+    done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+    for ref in done:
+      refs[ref].ready_ref = None
+      refs[ref].up_at = time.monotonic()
+
+  def _check_hung(self, ray):
+    """Replaces an actor that answered no unroll within actor_unroll_timeout_secs.
+
+    The clock of a request starts when the actor could start on it: when it was
+    sent, the actor process was up, and the actor's previous unroll was taken.
+    """
+    now = time.monotonic()
+    if now - self._last_hung_check < _PLACEMENT_CHECK_SECS:
+      return
+    self._last_hung_check = now
+    timeout = self.config.actor_unroll_timeout_secs
+    for slot in self._slots:
+      if slot.handle is None or not slot.pending or slot.up_at is None:
+        continue
+      info_ref, _, requested = slot.pending[0]
+      if now - max(requested, slot.up_at, slot.last_answer_at) <= timeout:
+        continue
+      done, _ = ray.wait([info_ref], timeout=0)
+      if not done:
+        self._replace(slot, ActorHungError(
+            f'no unroll within --actor_unroll_timeout_secs={timeout:g}; a hung env '
+            'step?'), ray)
 
   # --- Placement -------------------------------------------------------------
 

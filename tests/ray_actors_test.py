@@ -225,6 +225,54 @@ def test_version_mismatch_stops_the_pool_at_once_in_one_line(local_ray,
   assert pool.restarts == 0
 
 
+def _run_pool_until_it_fails(config, timeout=300):
+  stop = threading.Event()
+  pool = ray_actors.RayActorPool(config, *_spaces(config), lambda e: None,
+                                 _rngs(config), stop)
+  try:
+    pool.start(0, _weights(config, seed=1))
+    assert stop.wait(timeout), 'the pool did not fail'
+  finally:
+    pool.stop()
+  return pool
+
+
+def test_restart_backoff_doubles_up_to_its_cap():
+  assert [ray_actors.backoff_secs(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_env_error_stops_the_run_with_its_root_cause(local_ray):
+  del local_ray
+  config = _config(env=testing.faulty_id('raise'), num_actors=1,
+                   max_actor_restarts=0)
+  pool = _run_pool_until_it_fails(config)
+  message = str(pool.error)
+  assert '\n' not in message
+  # The env's exception, its message, and the innermost frame: the env's raise.
+  assert message.startswith(
+      'Ray actor 0 failed (RuntimeError: FaultyChainEnv: injected error at step 3 '
+      f'(at {testing.__file__}:'), message
+  assert (' in step)) and the run already replaced 0 actors, the most '
+          '--max_actor_restarts=0 allows') in message, message
+  assert pool.restarts == 0
+
+
+def test_hung_actor_is_replaced_and_restarts_are_bounded(local_ray):
+  del local_ray
+  # Every env step 3 hangs: each actor hangs in its first unroll.
+  config = _config(env=testing.faulty_id('hang'), env_vectorization='sync',
+                   num_actors=1, actor_unroll_timeout_secs=3, max_actor_restarts=1)
+  pool = _run_pool_until_it_fails(config)
+  message = str(pool.error)
+  assert message.startswith(
+      'Ray actor 0 failed (ActorHungError: no unroll within '
+      '--actor_unroll_timeout_secs=3; a hung env step?) and the run already '
+      'replaced 1 actors, the most --max_actor_restarts=1 allows'), message
+  assert pool.restarts == 1 and len(pool.deaths) == 2 and len(pool.spawns) == 2
+  # The replacement was started after the backoff, not at once.
+  assert pool.spawns[1][1] - pool.deaths[0][1] >= ray_actors.RESTART_BACKOFF_SECS
+
+
 def test_actors_that_do_not_fit_stop_the_run_in_one_line(local_ray, tmp_path):
   del local_ray  # 2 CPUs: three actors of one CPU each do not fit.
   config = _config(str(tmp_path), num_actors=3)

@@ -151,11 +151,15 @@ def _stop_on_signals(stop: threading.Event) -> None:
   reached through a wakeup fd: the C-level handler writes the signal number to a
   pipe at once, and a thread reading it sets `stop`.
   """
+  lock = threading.Lock()  # Both paths may see one signal: log it once.
+
   def on_signal(signum, frame):
     del frame
-    if not stop.is_set():
-      logging.info('Received signal %d: stopping cleanly.', signum)
-    stop.set()
+    with lock:
+      if stop.is_set():
+        return
+      stop.set()
+    logging.info('Received signal %d: stopping cleanly.', signum)
 
   signal.signal(signal.SIGTERM, on_signal)
   signal.signal(signal.SIGINT, on_signal)

@@ -194,6 +194,7 @@ class Config:
   ray_actor_resources: str = '{"CPU": 1}'
   max_actor_restarts: int = 100
   actor_unroll_timeout_secs: float = 300.0
+  ray_placement_timeout_secs: float = 300.0
   # Data pipeline.
   batch_size: int = 8
   num_data_loader_buffers: int = 1
@@ -400,6 +401,7 @@ _RULES = {
     'ray_actor_resources': _resources('ray_actor_resources'),
     'max_actor_restarts': _ints(0),
     'actor_unroll_timeout_secs': _positive('a number of seconds'),
+    'ray_placement_timeout_secs': _positive('a number of seconds'),
     'batch_size': _ints(1),
     'num_data_loader_buffers': _ints(1),
     'minibatch_buffer_size': _ints(1),

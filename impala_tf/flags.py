@@ -163,6 +163,12 @@ SECTIONS = (
               'With --actor_backend=ray: an actor that answers no unroll within '
               'this many seconds of starting on it (a hung env step) is killed and '
               'replaced, counting as a restart. Range: > 0.'),
+        _Flag('ray_placement_timeout_secs', 'float',
+              'With --actor_backend=ray: seconds the run waits, at its start, for '
+              'the Ray cluster to have the resources of all --num_actors actors '
+              'available at once (a busy cluster freeing them, an autoscaling one '
+              'adding nodes), saying what it waits for; then it stops with one '
+              'line. Range: > 0.'),
     )),
     ('data', 'Data pipeline', (
         _Flag('batch_size', 'int',

@@ -61,6 +61,8 @@ REQUESTS_IN_FLIGHT = 2
 # Seconds between checks that a pending replacement actor can still be placed, and
 # that no actor hangs.
 _PLACEMENT_CHECK_SECS = 1.0
+# Seconds between the lines saying what a start waits for.
+_PLACEMENT_LOG_SECS = 10.0
 # A slot whose actor died n times in a row (no unroll in between) is replaced after
 # min(RESTART_BACKOFF_MAX_SECS, RESTART_BACKOFF_SECS * 2**(n - 1)) seconds.
 RESTART_BACKOFF_SECS = 1.0
@@ -540,6 +542,7 @@ class RayActorPool(actor_pool.ActorPool):
     self._remote_class = None
     self._last_placement_check = 0.0
     self._spec = None
+    self._placement_group = None
     self._last_hung_check = 0.0
     # (actor_id, time.monotonic()) of every death and every actor started.
     self.deaths: List[Tuple[int, float]] = []
@@ -558,7 +561,9 @@ class RayActorPool(actor_pool.ActorPool):
                                connect_timeout=self.config.ray_connect_timeout_secs)
     ray = _ray()
     self._remote_class = ray.remote(ImpalaActor)
-    self._check_capacity(ray)
+    self._placement_group = self._reserve(ray)
+    if self.stop_event.is_set():
+      return
     for i in range(self.config.num_actors):
       slot = _Slot(i)
       self._slots.append(slot)
@@ -613,6 +618,12 @@ class RayActorPool(actor_pool.ActorPool):
           ray.kill(slot.handle, no_restart=True)
         except Exception:  # pylint: disable=broad-except
           pass
+    if self._placement_group is not None:
+      try:  # A cluster the run joined stays up: give its resources back.
+        ray.util.remove_placement_group(self._placement_group)
+      except Exception:  # pylint: disable=broad-except
+        pass
+      self._placement_group = None
     self._session.close()
     self._session = None
 
@@ -636,10 +647,21 @@ class RayActorPool(actor_pool.ActorPool):
       opts['resources'] = res
     return opts
 
+  def _placement(self, slot: _Slot) -> dict:
+    """Options that put the slot's actor into its bundle of the placement group."""
+    if self._placement_group is None:
+      return {}
+    from ray.util import scheduling_strategies  # pylint: disable=g-import-not-at-top
+    return {'scheduling_strategy':
+            scheduling_strategies.PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group,
+                placement_group_bundle_index=slot.actor_id)}
+
   def _spawn(self, slot: _Slot):
     rng = self.rngs[slot.actor_id]
     threads = max(1, int(self._resources.get('CPU', 1)))
-    slot.handle = self._remote_class.options(**self._options()).remote(
+    slot.handle = self._remote_class.options(
+        **self._options(), **self._placement(slot)).remote(
         self.config.to_dict(), slot.actor_id, slot.restarts, self.observation_space,
         self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes,
         local_versions())
@@ -824,14 +846,50 @@ class RayActorPool(actor_pool.ActorPool):
       self.fail(actor_pool.ActorPoolError(self._unplaceable_message(
           waiting[0], RuntimeError('node lost'))))
 
-  def _check_capacity(self, ray):
-    """Refuses to start when the cluster cannot hold num_actors actors at once."""
-    total = ray.cluster_resources()
+  def _reserve(self, ray):
+    """Reserves room for num_actors actors at once: a placement group, one bundle each.
+
+    Waits until the cluster has the resources available (busy clusters free them,
+    autoscaling clusters add nodes for the group's demand), saying every
+    `_PLACEMENT_LOG_SECS` what it waits for, up to ray_placement_timeout_secs.
+
+    Returns:
+      The placement group (None when an actor reserves nothing).
+
+    Raises:
+      actor_pool.ActorPoolError: (one line) not placed within the timeout.
+    """
+    demand = self._demand()
+    if not demand:
+      return None
+    from ray import util as ray_util  # pylint: disable=g-import-not-at-top
     n = self.config.num_actors
-    for name, amount in self._demand().items():
-      if amount * n > total.get(name, 0.0) + 1e-9:
+    timeout = self.config.ray_placement_timeout_secs
+    group = ray_util.placement_group([dict(demand) for _ in range(n)], strategy='PACK')
+    ready = group.ready()
+    deadline = time.monotonic() + timeout
+    need = ', '.join(f'{k}={v * n:g}' for k, v in demand.items())
+    what = (f'--num_actors={n} actors with --ray_actor_resources='
+            f'{json.dumps(self._resources)} need {need}')
+
+    def have():
+      avail, total = ray.available_resources(), ray.cluster_resources()
+      return ', '.join(f'{k}={avail.get(k, 0.0):g} of {total.get(k, 0.0):g}'
+                       for k in demand)
+    while True:
+      left = deadline - time.monotonic()
+      done, _ = ray.wait([ready], timeout=max(0.0, min(_PLACEMENT_LOG_SECS, left)))
+      if done:
+        return group
+      if self.stop_event.is_set() or time.monotonic() >= deadline:
+        ray_util.remove_placement_group(group)
+        if self.stop_event.is_set():
+          return None  # Stopped while waiting (Ctrl-C): start() starts nothing.
         raise actor_pool.ActorPoolError(
-            f'--num_actors={n} actors with --ray_actor_resources='
-            f'{json.dumps(self._resources)} need {name}={amount * n:g}, but the Ray '
-            f'cluster has {name}={total.get(name, 0.0):g}; lower --num_actors or '
-            'the resources per actor, or add nodes')
+            f'{what}, but the Ray cluster did not have them available within '
+            f'--ray_placement_timeout_secs={timeout:g} (available of total: '
+            f'{have()}); lower --num_actors or the resources per actor, add nodes, '
+            'or raise --ray_placement_timeout_secs')
+      logging.info('Waiting for the Ray cluster: %s (available of total: %s); up '
+                   'to %.0f s more (--ray_placement_timeout_secs).', what, have(),
+                   deadline - time.monotonic())

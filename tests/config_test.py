@@ -32,6 +32,7 @@ CONFIG_ERRORS = [
     (dict(ray_actor_resources='{"CPU": -1}'), 'ray_actor_resources', '{"CPU": -1}'),
     (dict(max_actor_restarts=-1), 'max_actor_restarts', '-1'),
     (dict(actor_unroll_timeout_secs=0), 'actor_unroll_timeout_secs', '0'),
+    (dict(ray_placement_timeout_secs=-1), 'ray_placement_timeout_secs', '-1'),
     (dict(ray_actor_resources='CPU=1'), 'ray_actor_resources', 'CPU=1'),
     (dict(ray_actor_resources='[1]'), 'ray_actor_resources', '[1]'),
     (dict(ray_actor_resources='{"CPU": "1"}'), 'ray_actor_resources',

@@ -275,14 +275,60 @@ def test_hung_actor_is_replaced_and_restarts_are_bounded(local_ray):
 
 def test_actors_that_do_not_fit_stop_the_run_in_one_line(local_ray, tmp_path):
   del local_ray  # 2 CPUs: three actors of one CPU each do not fit.
-  config = _config(str(tmp_path), num_actors=3)
+  config = _config(str(tmp_path), num_actors=3, ray_placement_timeout_secs=2)
+  start = time.monotonic()
   with pytest.raises(driver.TrainingError) as info:
     driver.train(config)
   message = str(info.value)
   assert message.startswith('--num_actors=3 actors with --ray_actor_resources=')
-  assert 'need CPU=3, but the Ray cluster has CPU=2' in message
+  assert ('need CPU=3, but the Ray cluster did not have them available within '
+          '--ray_placement_timeout_secs=2 (available of total: CPU=2 of 2)') in message
   assert '\n' not in message
+  assert time.monotonic() - start < 120
   assert ray.is_initialized()  # A Ray the run did not start is left running.
+  assert ray.available_resources().get('CPU') == 2  # Nothing left reserved.
+
+
+@ray.remote(num_cpus=1)
+class _Busy:
+  """Holds one CPU of the cluster: another job's actor."""
+
+  def ping(self):
+    return 1
+
+
+def test_start_waits_for_busy_resources_saying_what_for(local_ray, monkeypatch):
+  del local_ray
+  monkeypatch.setattr(ray_actors, '_PLACEMENT_LOG_SECS', 0.5, raising=False)
+  said = []
+  monkeypatch.setattr(ray_actors.logging, 'info',
+                      lambda fmt, *args: said.append(fmt % args))
+  busy = [_Busy.remote() for _ in range(2)]  # Both CPUs in use.
+  assert ray.get([b.ping.remote() for b in busy], timeout=120) == [1, 1]
+  config = _config(num_actors=1)  # Default --ray_placement_timeout_secs.
+  stop = threading.Event()
+  pool = ray_actors.RayActorPool(config, *_spaces(config), lambda e: None,
+                                 _rngs(config), stop)
+  started = threading.Thread(target=pool.start, args=(0, _weights(config, 1)),
+                             daemon=True)
+  try:
+    started.start()
+    started.join(4)
+    assert started.is_alive(), 'started with no CPU available'
+    assert said and said[-1].startswith(
+        'Waiting for the Ray cluster: --num_actors=1 actors with '
+        '--ray_actor_resources={"CPU": 1.0} need CPU=1 (available of total: '
+        'CPU=0 of 2); up to '), said
+    ray.kill(busy.pop())  # The other job gives a CPU back.
+    started.join(60)
+    assert not started.is_alive()
+    assert pool.error is None
+  finally:
+    stop.set()
+    started.join(30)
+    pool.stop()
+    for b in busy:
+      ray.kill(b)
 
 
 def _read_metrics(logdir):

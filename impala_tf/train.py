@@ -4,9 +4,12 @@ The only module (with evaluate.py and export.py) that reads absl FLAGS. It turns
 flags into a validated `Config`, checks what needs the outside world (the env id, the
 GPUs), and hands the Config to `impala_tf.driver.train`. A bad value ends the run with
 exit status 2 and one line on stderr naming the flag, before any file is written;
-so does a --logdir that cannot be written. Ctrl-C and SIGTERM stop the run cleanly: a
-final checkpoint, exit status 0. TensorFlow's own start-up logs are off unless
-TF_CPP_MIN_LOG_LEVEL is set or `--verbosity=1` is passed (`impala_tf.quiet`).
+so does a --logdir that cannot be written or that another run holds (checked
+before TensorFlow is imported). An error in the user's --network torso names its
+file and line. Ctrl-C and SIGTERM stop the run cleanly within seconds, also while
+the learner waits for stalled actors: a final checkpoint, exit status 0.
+TensorFlow's own start-up logs are off unless TF_CPP_MIN_LOG_LEVEL is set to 0 or 1
+or `--verbosity=1` is passed (`impala_tf.quiet`).
 """
 
 import os

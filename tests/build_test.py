@@ -596,6 +596,14 @@ def test_ci_tests_the_oldest_tensorflow_setup_py_allows():
   assert '.ci/cross_version_check.py' in ci
 
 
+def test_ci_tests_the_oldest_ray_setup_py_allows():
+  setup_py = (REPO_ROOT / 'setup.py').read_text(encoding='utf-8')
+  lowers = set(re.findall(r"'ray>=(\d+\.\d+),<[\d.]+'", setup_py))
+  pins = (REPO_ROOT / '.ci' / 'oldest-constraints.txt').read_text(encoding='utf-8')
+  (pinned,) = re.findall(r'^ray==(\d+\.\d+)\.\d+$', pins, re.M)
+  assert lowers == {pinned}, (lowers, pinned)
+
+
 def test_generated_build_passes_checker():
   assert check_build(generate_build(REPO_ROOT), REPO_ROOT) == []
 

@@ -558,6 +558,24 @@ def test_joins_a_head_started_on_loopback(no_ray):
     cluster.shutdown()
 
 
+def test_a_local_ray_that_does_not_listen_on_loopback_only_is_stopped(no_ray,
+                                                                     monkeypatch):
+  del no_ray
+  real = ray_actors._listening_sockets  # pylint: disable=protected-access
+
+  def as_if_on_every_interface():  # A Ray release that ignores the constant.
+    return {inode: '00000000:' + addr.rsplit(':', 1)[1]
+            for inode, addr in real().items()}
+  monkeypatch.setattr(ray_actors, '_listening_sockets', as_if_on_every_interface,
+                      raising=False)
+  with pytest.raises(actor_pool.ActorPoolError) as e:
+    ray_actors.RaySession('', num_cpus=1)
+  message = str(e.value)
+  assert message.startswith('the local Ray instance listens on 0.0.0.0:'), message
+  assert 'not only on 127.0.0.1' in message and '\n' not in message
+  assert not ray.is_initialized()  # Failed closed: shut down.
+
+
 # --- The command line starts and stops its own Ray --------------------------------
 
 

@@ -394,13 +394,18 @@ LEARNING_FLAGS = (
     'lr_schedule', 'grad_clip')
 
 
+def _relative_to_the_budget(schedule) -> bool:
+  """Whether a schedule string moves with total_environment_frames."""
+  return isinstance(schedule, str) and (schedule == 'linear' or '%' in schedule)
+
+
 def learning_differences(saved: Dict[str, object], config: config_lib.Config
                          ) -> List[Tuple[str, object, object]]:
   """The flags of LEARNING_FLAGS in which `config` differs from a saved config.
 
-  Also `total_environment_frames` when a schedule decays to it ('linear'
-  `lr_schedule` or `entropy_cost_schedule`): a new budget moves the rest of the
-  schedule.
+  Also `total_environment_frames` when a schedule is relative to it ('linear', or
+  points at `P%` of the run, in `lr_schedule` or `entropy_cost_schedule`, before
+  or now): a new budget moves the rest of the schedule.
 
   Returns:
     (flag, saved value, value now) for each difference, in Config's field order.
@@ -408,8 +413,9 @@ def learning_differences(saved: Dict[str, object], config: config_lib.Config
   defaults = config_lib.Config().to_dict()
   old = lambda k: saved.get(k, defaults[k])
   fields = [k for k in LEARNING_FLAGS if k in defaults]
-  if 'linear' in (config.lr_schedule, config.entropy_cost_schedule, old('lr_schedule'),
-                  old('entropy_cost_schedule')):
+  schedules = (config.lr_schedule, config.entropy_cost_schedule,
+               old('lr_schedule'), old('entropy_cost_schedule'))
+  if any(_relative_to_the_budget(s) for s in schedules):
     fields.append('total_environment_frames')
   diffs = [(k, old(k), getattr(config, k)) for k in fields
            if old(k) != getattr(config, k)]

@@ -162,17 +162,25 @@ def test_changed_learning_flags_are_returned_for_a_warning(tmp_path):
       'with the new values')
 
 
-def test_frame_budget_is_a_learning_flag_only_under_a_decaying_schedule(tmp_path):
-  saved = testing.tiny_config(lr_schedule='constant').to_dict()
-  more = testing.tiny_config(lr_schedule='constant', total_environment_frames=800)
-  assert rundir.learning_differences(saved, more) == []
+@pytest.mark.parametrize('lr,entropy,moves', [
+    ('constant', 'constant', False),
+    ('0:0.001,1000:0.0005', 'constant', False),  # Points at absolute frames.
+    ('linear', 'constant', True),
+    ('constant', 'linear', True),
+    ('0%:1x,50%:0x', 'constant', True),  # Points at P% of the run.
+    ('constant', '0%:1x,20%:0x', True),
+])
+def test_frame_budget_is_a_learning_flag_only_under_a_relative_schedule(
+    lr, entropy, moves):
+  saved = testing.tiny_config(lr_schedule=lr, entropy_cost_schedule=entropy)
+  more = saved.replace(total_environment_frames=800)
+  expected = [('total_environment_frames', 400, 800)] if moves else []
+  assert rundir.learning_differences(saved.to_dict(), more) == expected
   assert rundir.learning_differences(
-      saved, more.replace(reward_clipping='abs_one', baseline_cost=1.0)) == [
-          ('baseline_cost', 0.5, 1.0), ('reward_clipping', 'none', 'abs_one')]
-  linear = dict(saved, entropy_cost_schedule='linear')
-  assert rundir.learning_differences(
-      linear, more.replace(entropy_cost_schedule='linear')) == [
-          ('total_environment_frames', 400, 800)]
+      saved.to_dict(), more.replace(reward_clipping='abs_one',
+                                    baseline_cost=1.0)) == [
+          ('baseline_cost', 0.5, 1.0), ('reward_clipping', 'none', 'abs_one')
+      ] + expected
 
 
 if __name__ == '__main__':

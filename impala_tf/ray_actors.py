@@ -15,8 +15,10 @@ driver process                                      Ray actor process (one per a
 The actor steps its envs only while it answers a request, so it produces exactly the
 chunks a thread actor produces (same `Actor.unrolls` code, same seeds, same sampling
 stream: the actor's checkpointed tf.random.Generator state travels with every
-answer). At most `REQUESTS_IN_FLIGHT` chunks per actor exist beyond the learner
-queue, so the queue's bound holds as with threads.
+answer). An actor is asked for an unroll only while the learner queue has room,
+one request at a time, as a thread actor acts only after finding room: at most one
+chunk per actor exists beyond the learner queue, and it is made with the weights
+of when room appeared.
 
 A Ray actor that dies (env error, process killed, node lost) is replaced by a new one
 with fresh env seeds and counted in `restarts`; one that dies `MAX_RESTARTS` times a
@@ -55,9 +57,9 @@ from impala_tf import actor_pool
 from impala_tf import config as config_lib
 from impala_tf import types
 
-# Unroll requests each actor has queued: one being computed while the driver takes
-# the previous answer.
-REQUESTS_IN_FLIGHT = 2
+# Unroll requests an actor has at a time: it acts only when asked, and it is asked
+# only while the learner queue has room (as a thread actor waits for room).
+REQUESTS_IN_FLIGHT = 1
 # Seconds between checks that a pending replacement actor can still be placed, and
 # that no actor hangs.
 _PLACEMENT_CHECK_SECS = 1.0
@@ -789,8 +791,22 @@ class RayActorPool(actor_pool.ActorPool):
     slot.respawn_at = None
     slot.up_at = None
     slot.ready_ref = slot.handle.ready.remote()
-    for _ in range(REQUESTS_IN_FLIGHT):
-      self._request(slot)
+    # Its first request goes out from the feeder, once the learner queue has room.
+
+  def _request_where_room(self):
+    """Asks every idle actor for an unroll if the learner queue has room.
+
+    As a thread actor waits for room after its put before it acts again, a Ray
+    actor is asked to act only when the queue has room, with the weights of then:
+    its unroll does not wait, already stale, for the learner (measured policy lag
+    in docs/benchmarks.md).
+    """
+    if self.queue.qsize() >= self.queue.maxsize:
+      return
+    for slot in self._slots:
+      if (slot.handle is not None and len(slot.pending) < REQUESTS_IN_FLIGHT and
+          not self.stop_event.is_set()):
+        self._request(slot)
 
   def _request(self, slot: _Slot):
     """Queues one unroll request on the slot's actor, with the latest weights."""
@@ -814,6 +830,7 @@ class RayActorPool(actor_pool.ActorPool):
         self._respawn_due()
         self._note_ready(ray)
         self._check_hung(ray)
+        self._request_where_room()
         owner = {p[0]: s for s in self._slots for p in s.pending}
         ready = []
         if owner:
@@ -836,7 +853,7 @@ class RayActorPool(actor_pool.ActorPool):
         if not self.queue.put(chunk_ref):
           return  # Stopping: this unroll is neither delivered nor counted.
         self._account(slot, info)
-        self._request(slot)
+        self._request_where_room()
     except Exception as e:  # pylint: disable=broad-except
       logging.exception('the Ray actor feeder failed')
       self.fail(actor_pool.ActorPoolError(

@@ -166,6 +166,39 @@ def test_ray_pool_chunks_equal_thread_chunks_none_lost_or_duplicated(local_ray):
   assert pool.restarts == 0 and pool.error is None
 
 
+def test_actors_act_only_when_the_learner_queue_has_room(local_ray):
+  """A slow learner: the chunks it reads were made with recent weights.
+
+  Like thread actors, Ray actors are asked for an unroll only when the queue has
+  room, with the latest weights; they do not act ahead with old ones.
+  """
+  del local_ray
+  config = _config(num_actors=2, learner_queue_size=1)
+  stop = threading.Event()
+  pool = ray_actors.RayActorPool(config, *_spaces(config), lambda e: None,
+                                 _rngs(config), stop)
+  weights = _weights(config, seed=1)
+  lags = []
+  try:
+    pool.start(0, weights)
+    assert pool.get_chunk() is not None  # The actors are up.
+    version = 0
+    for _ in range(12):
+      time.sleep(1.0)  # The learner's step: the actors have long finished.
+      chunk = pool.get_chunk()
+      lags.append(version - int(chunk['policy_version'][0]))
+      version += 1
+      pool.publish(version, weights)
+  finally:
+    stop.set()
+    pool.stop()
+  # Read at version v: a chunk asked for when the previous read made room (v - 1)
+  # or, made at v - 1 too, waiting while the other was read: lag 1 or 2. Acting
+  # ahead (two requests per actor, as before) read chunks 4-5 versions old.
+  assert max(lags[2:]) <= 2, lags
+  assert np.mean(lags[2:]) <= 1.8, lags
+
+
 def _unroll_in_process(config, spec_edit=None, **actor_kwargs):
   """One unroll of an ImpalaActor built in this process (no actor process)."""
   actor = ray_actors.ImpalaActor(*_actor_args(config), **actor_kwargs)

@@ -591,7 +591,7 @@ def test_separate_value_torso():
 
 
 def test_saved_policy_baseline_is_in_return_units(tmp_path):
-  from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
+  from impala_tf import saved_policy  # pylint: disable=g-import-not-at-top
   net = networks.AgentNetwork((4,), tf.float32, 2, mlp_hidden_sizes=(8,), seed=1,
                               popart=True, shared_torso=False)
   net.popart.mu.assign([40.0])
@@ -599,7 +599,7 @@ def test_saved_policy_baseline_is_in_return_units(tmp_path):
   obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
   want, _ = net.step(types.AgentInput(obs, np.zeros(5, np.int32),
                                       np.zeros(5, np.float32), np.zeros(5, bool)))
-  checkpoints.save_policy(net, str(tmp_path / 'policy'))
+  saved_policy.save_policy(net, str(tmp_path / 'policy'))
   model = tf.saved_model.load(str(tmp_path / 'policy'))
   got = model.signatures['serving_default'](observation=tf.constant(obs))
   np.testing.assert_allclose(got['baseline'].numpy(), want.baseline.numpy(),

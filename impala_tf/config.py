@@ -136,6 +136,47 @@ def parse_schedule(spec: str, field: str, total_frames: Optional[float] = None,
   return tuple(points)
 
 
+RUNTIME_ENV_KEYS = ('working_dir', 'py_modules', 'pip', 'env_vars', 'excludes')
+RUNTIME_ENV_ALLOWED = (
+    "must be '' or a JSON object with Ray runtime_env keys "
+    f"{', '.join(RUNTIME_ENV_KEYS)}, e.g. '{{\"working_dir\": \".\"}}' or "
+    '\'{"pip": ["gymnasium[atari]"]}\'')
+
+
+def parse_runtime_env(spec: str, field: str) -> dict:
+  """Parses the JSON runtime_env of Ray actors ('' -> {}).
+
+  Args:
+    spec: the JSON text, keys among RUNTIME_ENV_KEYS.
+    field: the field name, for error messages.
+
+  Returns:
+    The dict for Ray's `runtime_env`.
+
+  Raises:
+    ConfigError: naming `field` when the text is not such an object.
+  """
+  if not isinstance(spec, str):
+    raise ConfigError(field, spec, RUNTIME_ENV_ALLOWED + _got(spec))
+  if not spec:
+    return {}
+  try:
+    parsed = json.loads(spec)
+  except ValueError:
+    raise ConfigError(field, spec, RUNTIME_ENV_ALLOWED + '; it is not JSON') from None
+  if not isinstance(parsed, dict):
+    raise ConfigError(field, spec, RUNTIME_ENV_ALLOWED + '; it is not an object')
+  unknown = [k for k in parsed if k not in RUNTIME_ENV_KEYS]
+  if unknown:
+    raise ConfigError(field, spec, f'{RUNTIME_ENV_ALLOWED}; {unknown[0]!r} is not one')
+  if not isinstance(parsed.get('working_dir', ''), str):
+    raise ConfigError(field, spec, f'{RUNTIME_ENV_ALLOWED}; working_dir must be a path')
+  for key in ('py_modules', 'excludes'):
+    if not isinstance(parsed.get(key, []), list):
+      raise ConfigError(field, spec, f'{RUNTIME_ENV_ALLOWED}; {key} must be a list')
+  return parsed
+
+
 def parse_resources(spec: str, field: str) -> dict:
   """Parses a JSON object of Ray resources, e.g. '{"CPU": 1, "GPU": 0.5}'.
 
@@ -195,6 +236,7 @@ class Config:
   max_actor_restarts: int = 100
   actor_unroll_timeout_secs: float = 300.0
   ray_placement_timeout_secs: float = 300.0
+  ray_runtime_env: str = ''
   # Data pipeline.
   batch_size: int = 8
   num_data_loader_buffers: int = 1
@@ -264,6 +306,11 @@ class Config:
   def ray_actor_resources_dict(self) -> dict:
     """`ray_actor_resources` parsed: resource name -> float."""
     return parse_resources(self.ray_actor_resources, 'ray_actor_resources')
+
+  @property
+  def ray_runtime_env_dict(self) -> dict:
+    """`ray_runtime_env` parsed: Ray's runtime_env dict ({} when unset)."""
+    return parse_runtime_env(self.ray_runtime_env, 'ray_runtime_env')
 
   @property
   def lr_schedule_points(self):
@@ -372,6 +419,13 @@ def _resources(field):
   return ok, RESOURCES_ALLOWED
 
 
+def _runtime_env(field):
+  def ok(v):
+    parse_runtime_env(v, field)  # Raises its own, more precise, ConfigError.
+    return True
+  return ok, RUNTIME_ENV_ALLOWED
+
+
 def _clip_threshold():
   return ((lambda v: v is None or (_finite(v) and v > 0)),
           'must be a number > 0, or None for no clipping')
@@ -402,6 +456,7 @@ _RULES = {
     'max_actor_restarts': _ints(0),
     'actor_unroll_timeout_secs': _positive('a number of seconds'),
     'ray_placement_timeout_secs': _positive('a number of seconds'),
+    'ray_runtime_env': _runtime_env('ray_runtime_env'),
     'batch_size': _ints(1),
     'num_data_loader_buffers': _ints(1),
     'minibatch_buffer_size': _ints(1),

@@ -169,6 +169,13 @@ SECTIONS = (
               'available at once (a busy cluster freeing them, an autoscaling one '
               'adding nodes), saying what it waits for; then it stops with one '
               'line. Range: > 0.'),
+        _Flag('ray_runtime_env', 'string',
+              "With --actor_backend=ray: '' (the actors' nodes have the code and "
+              "packages already) or Ray's runtime_env for every actor as a JSON "
+              'object with keys working_dir, py_modules, pip, env_vars, excludes, '
+              'e.g. {"working_dir": "."} ships this checkout (impala_tf and your '
+              'env modules) to nodes that do not have it; {"pip": [...]} installs '
+              'packages there.'),
     )),
     ('data', 'Data pipeline', (
         _Flag('batch_size', 'int',

@@ -4,11 +4,12 @@
 driver process                                      Ray actor process (one per actor)
   publish(version, weights)                           ImpalaActor: vector env, network
     -> ray.put once per version actually sent         copy, impala_tf.actor.Actor
-  feeder thread: keeps 2 `unroll` requests in   --->  unroll(version, [weights_ref]):
-    flight per actor; when one answers, puts            fetches the weights if the
-    the chunk's ObjectRef into the bounded              version is new, returns one
-    LearnerQueue (blocking: back-pressure),      <---   chunk [B, T + 1, ...] and a
-    counts its steps and episodes, asks again           small info dict
+  feeder thread: while the learner queue has  --->  unroll(version, [weights_ref]):
+    room, asks each idle actor for one unroll;          fetches the weights if the
+    puts each answer's chunk ObjectRef into the         version is new (checked by
+    bounded LearnerQueue (blocking:              <---   name and shape), returns one
+    back-pressure), counts steps and episodes           chunk [B, T + 1, ...] and a
+                                                        small info dict
   tf.data loaders: get_chunk() = ray.get(next ref)
 ```
 
@@ -20,15 +21,24 @@ one request at a time, as a thread actor acts only after finding room: at most o
 chunk per actor exists beyond the learner queue, and it is made with the weights
 of when room appeared.
 
-A Ray actor that dies (env error, process killed, node lost) is replaced by a new one
-with fresh env seeds and counted in `restarts`; one that dies `MAX_RESTARTS` times a
-minute, or a replacement no node of the cluster can host (its `--ray_actor_resources`
-left with a removed node), stops the run with a one-line error.
+At start the pool reserves all actors' resources at once (a placement group, one
+bundle per actor), waiting up to `ray_placement_timeout_secs` for them. An actor
+hides every GPU unless Ray gave it one, and checks that it runs the driver's
+impala_tf and TensorFlow versions before it builds its env and network.
+
+A Ray actor that dies (env error, process killed, node lost) or hangs (no unroll
+within `actor_unroll_timeout_secs`) is replaced, after a doubling backoff, by a new
+one with fresh env seeds and counted in `restarts`. The run stops with a one-line
+error naming the root cause (`root_cause`) after `max_actor_restarts` replacements,
+when one actor dies `MAX_RESTARTS` times a minute, when a replacement no node of the
+cluster can host (its `--ray_actor_resources` left with a removed node), or at once
+on a version or weights mismatch.
 
 `RaySession` connects the run to Ray: `ray_address=''` starts a local instance that
-listens on the loopback interface only, starts no dashboard, and is shut down by
-`stop()`; `'auto'` or an address joins a running cluster and leaves it running; a
-Ray already initialised in this process (library use, tests) is used as it is.
+listens on the loopback interface only (checked after `ray.init`: it fails closed),
+starts no dashboard, and is shut down by `stop()`; `'auto'` or an address joins a
+running cluster within `ray_connect_timeout_secs` and leaves it running; a Ray
+already initialised in this process (library use, tests) is used as it is.
 """
 
 import contextlib
@@ -92,6 +102,8 @@ class RaySession:
     num_cpus: CPUs of a local instance (default: this machine's).
     connect_timeout: Config.ray_connect_timeout_secs: seconds a cluster at
       `address` has to answer and accept this driver.
+    runtime_env: Config.ray_runtime_env_dict: the job's Ray runtime_env (local
+      working_dir / py_modules are uploaded by ray.init, so it goes there).
 
   Attributes:
     started: True when this session started the Ray instance (and stops it).
@@ -102,18 +114,23 @@ class RaySession:
   """
 
   def __init__(self, address: str, num_cpus: Optional[int] = None,
-               connect_timeout: float = 60.0):
+               connect_timeout: float = 60.0, runtime_env: Optional[dict] = None):
     ray = _ray()
     self.started = False
     self._connected = False
     if ray.is_initialized():
+      if runtime_env:
+        raise actor_pool.ActorPoolError(
+            '--ray_runtime_env is given to ray.init, but Ray was already '
+            'initialised in this process; pass it to your ray.init(runtime_env=...) '
+            'instead')
       return
     handlers = _save_signal_handlers()
     try:
       if address:
-        _join(ray, address, connect_timeout)
+        _join(ray, address, connect_timeout, runtime_env)
       else:
-        _start_local(ray, num_cpus)
+        _start_local(ray, num_cpus, runtime_env)
         self.started = True
       self._connected = True
     finally:
@@ -163,7 +180,7 @@ def _split_host_port(address: str, flag_value: str):
   return host.strip('[]'), int(port)
 
 
-def _join(ray, address: str, timeout: float):
+def _join(ray, address: str, timeout: float, runtime_env: Optional[dict] = None):
   """ray.init(address=...) that answers within `timeout` seconds, in one line.
 
   A TCP connection to the head's GCS port is tried first (Ray itself retries an
@@ -193,7 +210,7 @@ def _join(ray, address: str, timeout: float):
     try:
       with loopback_only() if loopback else contextlib.nullcontext():
         ray.init(address=address if address.startswith('ray://') else target,
-                 log_to_driver=True)
+                 log_to_driver=True, runtime_env=runtime_env or None)
       outcome['ok'] = True
     except BaseException as e:  # pylint: disable=broad-except
       outcome['error'] = e
@@ -250,7 +267,8 @@ def loopback_only():
         os.environ[k] = v
 
 
-def _start_local(ray, num_cpus: Optional[int] = None):
+def _start_local(ray, num_cpus: Optional[int] = None,
+                 runtime_env: Optional[dict] = None):
   """Starts a local Ray bound to 127.0.0.1, without dashboard, sized to the machine.
 
   Then checks that it is (`check_loopback_only`): fails closed, shutting it down.
@@ -258,7 +276,7 @@ def _start_local(ray, num_cpus: Optional[int] = None):
   before = _socket_inodes(os.getpid())
   with loopback_only():
     ray.init(address='local', num_cpus=num_cpus, include_dashboard=False,
-             log_to_driver=True)
+             log_to_driver=True, runtime_env=runtime_env or None)
   try:
     check_loopback_only(os.getpid(), ignore=before)
   except actor_pool.ActorPoolError:
@@ -593,6 +611,15 @@ class ImpalaActor:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_EXCEPTION_LINE = re.compile(r'^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*: ')
+
+
+def _where(frames) -> str:
+  """' (at FILE:LINE in FUNCTION)' of the innermost of `_FRAME` matches, or ''."""
+  if not frames:
+    return ''
+  path, line, function = frames[-1]
+  return f' (at {path}:{line} in {function})'
 
 
 def root_cause(error: BaseException) -> str:
@@ -603,21 +630,28 @@ def root_cause(error: BaseException) -> str:
   when the env raised). For an actor process that died: Ray's reason.
   """
   exceptions = _ray().exceptions
+  if type(error).__name__ == 'UnserializableException':
+    # The driver could not rebuild the actor's exception; its text holds the
+    # remote traceback, whose last line says what it was.
+    text = str(error)
+    frames = _FRAME.findall(text)
+    said = [l.strip() for l in text.splitlines() if _EXCEPTION_LINE.match(l.strip())]
+    if said:
+      return f'{actor_pool._one_line(said[-1])}{_where(frames)}'  # pylint: disable=protected-access
   if isinstance(error, exceptions.RayTaskError):
     cause = getattr(error, 'cause', None) or error
     # The exception ray.get raises derives from the cause's class too; its str is
     # the remote traceback (it has no traceback_str of its own).
     frames = _FRAME.findall(str(error))
-    where = f' (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})' if frames else ''
     return (f'{type(cause).__name__}: '
-            f'{actor_pool._one_line(cause)}{where}')  # pylint: disable=protected-access
+            f'{actor_pool._one_line(cause)}{_where(frames)}')  # pylint: disable=protected-access
   if isinstance(error, exceptions.RayActorError):
     lines = [l.strip() for l in str(error).splitlines() if l.strip()]
     # An error in the actor's creation task: the last line is the exception.
     frames = _FRAME.findall(str(error))
     if getattr(error, 'actor_init_failed', False) and frames:
-      where = f' (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})'
-      return f'{type(error).__name__}: {actor_pool._one_line(lines[-1])}{where}'  # pylint: disable=protected-access
+      return (f'{type(error).__name__}: '
+              f'{actor_pool._one_line(lines[-1])}{_where(frames)}')  # pylint: disable=protected-access
     reason = [l for l in lines if not l.startswith(('class_name:', 'actor_id:',
                                                    'pid:', 'name:', 'namespace:'))]
     return f'{type(error).__name__}: {actor_pool._one_line(" ".join(reason))}'  # pylint: disable=protected-access
@@ -678,7 +712,8 @@ class RayActorPool(actor_pool.ActorPool):
           f'do not fit the actors\' network ({[list(s) for _, s in self._spec]})')
     self.publish(version, weights)
     self._session = RaySession(self.config.ray_address,
-                               connect_timeout=self.config.ray_connect_timeout_secs)
+                               connect_timeout=self.config.ray_connect_timeout_secs,
+                               runtime_env=self.config.ray_runtime_env_dict)
     ray = _ray()
     self._remote_class = ray.remote(ImpalaActor)
     self._placement_group = self._reserve(ray)

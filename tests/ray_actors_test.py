@@ -270,6 +270,22 @@ def _run_pool_until_it_fails(config, timeout=300):
   return pool
 
 
+def test_root_cause_of_an_exception_the_driver_could_not_rebuild():
+  # What ray.get raised for an env module missing on the actor's node.
+  error = ray.exceptions.UnserializableException(
+      'ray.exceptions.RayTaskError: ray::ImpalaActor.unroll() (pid=1, ip=127.0.0.1)\n'
+      '  File "/x/impala_tf/ray_actors.py", line 594, in unroll\n'
+      '    self._build()\n'
+      '  File "/x/impala_tf/environments.py", line 214, in check_env_id\n'
+      '    raise ConfigError(\'env\', env_id,\n'
+      "impala_tf.config.ConfigError: env=m:E-v0: cannot import module 'm' named "
+      "before the \":\": No module named 'm'\n")
+  assert ray_actors.root_cause(error) == (
+      "impala_tf.config.ConfigError: env=m:E-v0: cannot import module 'm' named "
+      'before the ":": No module named \'m\' (at /x/impala_tf/environments.py:214 '
+      'in check_env_id)')
+
+
 def test_restart_backoff_doubles_up_to_its_cap():
   assert [ray_actors.backoff_secs(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
 
@@ -589,6 +605,38 @@ def test_joins_a_head_started_on_loopback(no_ray):
     assert not ray.is_initialized()
   finally:
     cluster.shutdown()
+
+
+_SHIPPED_ENV = """
+import gymnasium as gym
+from gymnasium.envs.classic_control import cartpole
+gym.register('I20Shipped-v0', entry_point=cartpole.CartPoleEnv, max_episode_steps=50)
+"""
+
+
+def test_runtime_env_ships_code_the_actors_node_lacks(no_ray, tmp_path,
+                                                      monkeypatch):
+  del no_ray
+  # An env module in a directory only the driver has on its path.
+  code = tmp_path / 'shipped'
+  code.mkdir()
+  (code / 'i20_shipped.py').write_text(_SHIPPED_ENV, encoding='utf-8')
+  monkeypatch.syspath_prepend(str(code))
+  config = _config(env='i20_shipped:I20Shipped-v0', num_actors=1,
+                   ray_actor_resources='{"CPU": 0.5}',
+                   max_actor_restarts=0,
+                   ray_runtime_env=json.dumps({'working_dir': str(code)}))
+  stop = threading.Event()
+  pool = ray_actors.RayActorPool(config, *_spaces(config), lambda e: None,
+                                 _rngs(config), stop)
+  try:
+    pool.start(0, _weights(config, seed=1))
+    chunk = pool.get_chunk()
+  finally:
+    stop.set()
+    pool.stop()
+  assert pool.error is None, pool.error
+  assert chunk is not None and chunk['reward'].shape == (4, 6)
 
 
 def test_a_local_ray_that_does_not_listen_on_loopback_only_is_stopped(no_ray,

@@ -263,6 +263,7 @@ class Config:
   loss_reduction: str = 'sum'
   popart: bool = True
   popart_beta: float = 1e-2
+  popart_sigma_floor: float = 0.1
   normalize_advantages: bool = False
   loss_term_grad_norms: bool = True
   # Optimizer.
@@ -484,6 +485,8 @@ _RULES = {
     'loss_reduction': _one_of(LOSS_REDUCTIONS),
     'popart': (None, 'must be True or False'),
     'popart_beta': ((lambda v: _finite(v) and 0 < v <= 1), 'must be in (0, 1]'),
+    'popart_sigma_floor': ((lambda v: _finite(v) and 0 <= v <= 1),
+                           'must be in [0, 1] (a fraction of |mu|)'),
     'normalize_advantages': (None, 'must be True or False'),
     'loss_term_grad_norms': (None, 'must be True or False'),
     'optimizer': _one_of(OPTIMIZERS),

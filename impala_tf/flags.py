@@ -272,6 +272,12 @@ SECTIONS = (
               'Step size of PopArt\'s running first and second moments of the '
               'V-trace targets (debiased like Adam\'s, so the first batch sets '
               'them). Hessel et al. use 3e-4 on Atari. Range: (0, 1].'),
+        _Flag('popart_sigma_floor', 'float',
+              'PopArt\'s sigma is kept at least this fraction of |mu|: when the '
+              'targets are all alike (every episode at a time limit) their spread '
+              'would shrink towards 0 and blow the normalised value errors up by '
+              '1/sigma until the value term swamps the step. 0: only the fixed '
+              'bound 1e-4. Range: [0, 1].'),
         _Flag('normalize_advantages', 'bool',
               'Normalise the policy-gradient advantages to zero mean and unit '
               'variance over the valid steps of each batch (the whole batch, on '

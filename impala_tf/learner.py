@@ -203,7 +203,8 @@ class Learner(tf.Module):
     else:
       normalizer = 1.0
     if popart is not None:  # The statistics the forward pass uses.
-      old_mu, old_sigma = tf.identity(popart.mu), tf.identity(popart.sigma)
+      old_mu = tf.identity(popart.mu)
+      old_sigma = popart.sigma_of(old_mu, tf.identity(popart.nu))  # float64
     with tf.GradientTape(persistent=c.loss_term_grad_norms) as tape:
       out, _ = self.network.unroll(
           types.AgentInput(obs, prev_action, reward, first), state)
@@ -225,7 +226,8 @@ class Learner(tf.Module):
       scale = 1.0
       if popart is not None:
         new_stats = self._popart_statistics(ctx, popart, targets.vs, mask)
-        scale = popart.sigma_of(new_stats[0], new_stats[1])[0]
+        scale = tf.cast(popart.sigma_of(new_stats[0], new_stats[1])[0],
+                        tf.float32)
       policy_advantages = None
       if c.normalize_advantages:  # Moments of the whole batch, on every replica.
         moments = ctx.all_reduce(_SUM, list(losses.advantage_moments(
@@ -247,7 +249,7 @@ class Learner(tf.Module):
     def fix_head(grads):
       if popart is None:
         return grads
-      factor = scale / old_sigma[0]
+      factor = scale / tf.cast(old_sigma[0], tf.float32)
       return [g * factor if v.ref() in head and g is not None else g
               for g, v in zip(grads, variables)]
 
@@ -315,10 +317,11 @@ class Learner(tf.Module):
       targets of the whole batch (all-reduced: every replica gets the same); the
       old statistics when the batch has no valid step.
     """
+    vs = tf.cast(vs, tf.float64)  # Sums of squares of targets near 1e5.
     zeros = tf.zeros_like(vs)
     moments = [tf.reduce_sum(tf.where(mask, vs, zeros)),
                tf.reduce_sum(tf.where(mask, tf.square(vs), zeros)),
-               tf.reduce_sum(tf.cast(mask, tf.float32))]
+               tf.reduce_sum(tf.cast(mask, tf.float64))]
     total, total_sq, n = ctx.all_reduce(_SUM, moments)
     safe_n = tf.maximum(n, 1.0)
     mu, nu, updates = popart.updated(tf.reshape(total / safe_n, [1]),
@@ -351,4 +354,5 @@ class Learner(tf.Module):
                                  group=False)
 
     ctx.merge_call(assign_all, args=(mu, nu, updates, w, b))
-    return {'popart_mu': mu[0], 'popart_sigma': sigma[0]}
+    return {'popart_mu': tf.cast(mu[0], tf.float32),
+            'popart_sigma': tf.cast(sigma[0], tf.float32)}

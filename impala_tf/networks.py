@@ -519,16 +519,22 @@ class PopArt(tf.Module):
   """PopArt's running statistics of the value targets, one set per task.
 
   The value head predicts a normalised value `n(x)`; in return units the value is
-  `V(x) = sigma * n(x) + mu`, with `sigma = sqrt(nu - mu**2)` kept in
-  `[SIGMA_MIN, SIGMA_MAX]`. The learner moves `mu` and `nu` towards the moments of
-  each batch's V-trace targets (`updated`) and rescales the head's last layer so
-  that `V(x)` is unchanged (`preserve`); REFERENCE.md has the math. The moments are
-  debiased like Adam's: the k-th update (k = 1, 2, ...) uses the step size
-  `beta / (1 - (1 - beta)**k)`, so the first batch sets them outright and the
-  initial `mu = 0, nu = 1` leaves no trace.
+  `V(x) = sigma * n(x) + mu`, with `sigma = sqrt(nu - mu**2)` kept at least
+  `sigma_floor * |mu|` and within `[SIGMA_MIN, SIGMA_MAX]`. The learner moves `mu`
+  and `nu` towards the moments of each batch's V-trace targets (`updated`) and
+  rescales the head's last layer so that `V(x)` is unchanged (`preserve`);
+  REFERENCE.md has the math. The moments are debiased like Adam's: the k-th update
+  (k = 1, 2, ...) uses the step size `beta / (1 - (1 - beta)**k)`, so the first
+  batch sets them outright and the initial `mu = 0, nu = 1` leaves no trace.
 
-  Variables (non-trainable, checkpointed with the network): `mu` float32
-  `[num_tasks]`, `nu` float32 `[num_tasks]`, `updates` float32 `[]` (the number of
+  The floor relative to |mu| (scale-free, like the rest) is for targets that are
+  all alike, e.g. every episode reaching a time limit: their spread, and with it
+  sigma, would shrink towards 0 and scale the value errors (and the value head's
+  weights) up by 1/sigma until the value term swamps the step. `mu` and `nu` are
+  float64: in float32, `nu - mu**2` loses the spread of targets near 1e5.
+
+  Variables (non-trainable, checkpointed with the network): `mu` float64
+  `[num_tasks]`, `nu` float64 `[num_tasks]`, `updates` float32 `[]` (the number of
   updates so far, for the debiasing). Training uses one task (index 0); the leading
   task axis keeps per-task statistics possible.
   """
@@ -536,40 +542,50 @@ class PopArt(tf.Module):
   SIGMA_MIN = 1e-4
   SIGMA_MAX = 1e6
 
-  def __init__(self, num_tasks: int = 1, name: Optional[str] = None):
+  def __init__(self, num_tasks: int = 1, sigma_floor: float = 0.0,
+               name: Optional[str] = None):
     super().__init__(name=name)
     self.num_tasks = int(num_tasks)
+    self.sigma_floor = float(sigma_floor)
     with self.name_scope:
-      self.mu = tf.Variable(tf.zeros([self.num_tasks]), trainable=False, name='mu')
-      self.nu = tf.Variable(tf.ones([self.num_tasks]), trainable=False, name='nu')
+      self.mu = tf.Variable(tf.zeros([self.num_tasks], tf.float64), trainable=False,
+                            name='mu')
+      self.nu = tf.Variable(tf.ones([self.num_tasks], tf.float64), trainable=False,
+                            name='nu')
       self.updates = tf.Variable(0.0, trainable=False, name='updates')
 
-  @classmethod
-  def sigma_of(cls, mu: tf.Tensor, nu: tf.Tensor) -> tf.Tensor:
-    """`sqrt(nu - mu**2)` clipped to `[SIGMA_MIN, SIGMA_MAX]`; any shape."""
-    var = tf.clip_by_value(nu - tf.square(mu), cls.SIGMA_MIN**2, cls.SIGMA_MAX**2)
-    return tf.sqrt(var)
+  def sigma_of(self, mu: tf.Tensor, nu: tf.Tensor) -> tf.Tensor:
+    """sigma (float64, the shape of `mu`) of the statistics `mu`, `nu` (float64)."""
+    var = tf.maximum(nu - tf.square(mu), 0.0)
+    sigma = tf.maximum(tf.sqrt(var), self.sigma_floor * tf.abs(mu))
+    return tf.clip_by_value(sigma, self.SIGMA_MIN, self.SIGMA_MAX)
 
   @property
   def sigma(self) -> tf.Tensor:
     """float32 `[num_tasks]`."""
-    return self.sigma_of(self.mu, self.nu)
+    return tf.cast(self.sigma_of(self.mu, self.nu), tf.float32)
+
+  @property
+  def mean(self) -> tf.Tensor:
+    """mu as float32 `[num_tasks]`."""
+    return tf.cast(self.mu, tf.float32)
 
   def updated(self, mean: tf.Tensor, mean_sq: tf.Tensor, beta: float):
     """The statistics after one update with a batch's target moments.
 
     Args:
-      mean: float32 `[num_tasks]`, the batch mean of the V-trace targets.
-      mean_sq: float32 `[num_tasks]`, the batch mean of their squares.
+      mean: float64 `[num_tasks]`, the batch mean of the V-trace targets.
+      mean_sq: float64 `[num_tasks]`, the batch mean of their squares.
       beta: the step size (`popart_beta`).
 
     Returns:
-      `(mu, nu, updates)`: the new values of the variables (nothing is assigned).
+      `(mu, nu, updates)`: the new values of the variables (float64, float64,
+      float32; nothing is assigned).
     """
     updates = self.updates + 1.0
-    step = beta / (1.0 - tf.pow(1.0 - beta, updates))
-    mu = (1.0 - step) * self.mu + step * mean
-    nu = (1.0 - step) * self.nu + step * mean_sq
+    step = tf.cast(beta / (1.0 - tf.pow(1.0 - beta, updates)), tf.float64)
+    mu = (1.0 - step) * self.mu + step * tf.cast(mean, tf.float64)
+    nu = (1.0 - step) * self.nu + step * tf.cast(mean_sq, tf.float64)
     return mu, nu, updates
 
   @staticmethod
@@ -579,13 +595,18 @@ class PopArt(tf.Module):
 
     Args:
       w: float32 `[F, num_tasks]`, b: float32 `[num_tasks]`: the layer.
-      mu, sigma, new_mu, new_sigma: float32 `[num_tasks]`, old and new statistics.
+      mu, sigma, new_mu, new_sigma: `[num_tasks]` (any float dtype), old and new
+        statistics.
 
     Returns:
-      `(w', b')` with `w' = sigma / sigma' * w`, `b' = (sigma * b + mu - mu') /
-      sigma'`.
+      `(w', b')` (float32) with `w' = sigma / sigma' * w`, `b' = (sigma * b + mu -
+      mu') / sigma'`, computed in float64.
     """
-    return w * (sigma / new_sigma), (sigma * b + mu - new_mu) / new_sigma
+    f64 = lambda x: tf.cast(x, tf.float64)
+    mu, sigma, new_mu, new_sigma = map(f64, (mu, sigma, new_mu, new_sigma))
+    w_new = f64(w) * (sigma / new_sigma)
+    b_new = (sigma * f64(b) + mu - new_mu) / new_sigma
+    return tf.cast(w_new, tf.float32), tf.cast(b_new, tf.float32)
 
 
 class AgentNetwork(tf.Module):
@@ -612,7 +633,8 @@ class AgentNetwork(tf.Module):
                mlp_hidden_sizes: Sequence[int] = (64, 64), use_lstm: bool = False,
                lstm_size: int = 256, seed: Optional[int] = None,
                name: str = 'agent', spaces: Optional[tuple] = None,
-               popart: bool = False, shared_torso: bool = True):
+               popart: bool = False, shared_torso: bool = True,
+               popart_sigma_floor: float = 0.0):
     """Builds the network and creates all its variables.
 
     Args:
@@ -630,6 +652,7 @@ class AgentNetwork(tf.Module):
       spaces: `(observation_space, action_space)` passed to the user's FUNCTION.
       popart: whether the baseline head is PopArt-normalised (`popart` holds the
         statistics; `baseline` outputs stay in return units).
+      popart_sigma_floor: `PopArt.sigma_floor` (sigma >= this * |mu|).
       shared_torso: False gives the baseline head its own MLP torso
         (`value_torso`, same `mlp_hidden_sizes`); 'mlp' without LSTM only.
 
@@ -683,7 +706,8 @@ class AgentNetwork(tf.Module):
       self.baseline_head = Linear(
           self.value_torso.output_size if self.value_torso else out_size, 1, seeds,
           name='baseline')
-      self.popart = PopArt(1, name='popart') if popart else None
+      self.popart = (PopArt(1, popart_sigma_floor, name='popart') if popart
+                     else None)
 
   # --- helpers -------------------------------------------------------------
 
@@ -728,7 +752,7 @@ class AgentNetwork(tf.Module):
     AgentOutput(`[N, A]`, `[N]`), the baseline in return units."""
     value = self.baseline_head(x if value_x is None else value_x)  # [N, 1]
     if self.popart is not None:
-      value = value * self.popart.sigma + self.popart.mu
+      value = value * self.popart.sigma + self.popart.mean
     return types.AgentOutput(
         policy_logits=self.policy_head(x),
         baseline=tf.squeeze(value, axis=-1))
@@ -904,7 +928,8 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
       seed=config.seed,
       spaces=(observation_space, action_space),
       popart=config.popart,
-      shared_torso=config.shared_torso)
+      shared_torso=config.shared_torso,
+      popart_sigma_floor=config.popart_sigma_floor)
 
 
 class NumpyMLPPolicy:

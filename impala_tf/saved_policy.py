@@ -109,6 +109,8 @@ def _plain_copy(network):
         use_lstm=network.use_lstm, lstm_size=network.lstm_size,
         spaces=network.torso.spaces if user else None,
         popart=network.popart is not None,
+        popart_sigma_floor=(network.popart.sigma_floor if network.popart
+                            else 0.0),
         shared_torso=network.value_torso is None)
   if len(copy.variables) != len(network.variables):
     raise ValueError(f'cannot copy network {network.name}: {len(network.variables)} '

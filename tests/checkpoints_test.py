@@ -348,7 +348,7 @@ def test_restore_network_round_trip(tmp_path):
     checkpoints.restore_network(str(tmp_path))
   net = checkpoints.build_network(cfg)
   for v in net.variables:
-    v.assign(tf.random.normal(v.shape, seed=1))
+    v.assign(tf.random.normal(v.shape, seed=1, dtype=v.dtype))
   extra = tf.Variable(3, dtype=tf.int64)  # Like the learner's counters: ignored.
   checkpoints.Checkpointer(str(tmp_path), 1, network=net, learner_steps=extra).save(3)
   loaded_cfg, loaded, path = checkpoints.restore_network(str(tmp_path))
@@ -368,7 +368,7 @@ def _network_checkpoints(tmp_path, steps=(1, 2, 3)):
   paths = []
   for step in steps:
     for v in net.variables:
-      v.assign(tf.fill(v.shape, float(step)))
+      v.assign(tf.fill(v.shape, tf.cast(step, v.dtype)))
     paths.append(ckpt.save(step))
   return cfg, paths
 

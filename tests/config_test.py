@@ -68,6 +68,7 @@ CONFIG_ERRORS = [
     (dict(loss_reduction='avg'), 'loss_reduction', 'avg'),
     (dict(popart=1), 'popart', '1'),
     (dict(popart_beta=0.0), 'popart_beta', '0.0'),
+    (dict(popart_sigma_floor=-0.1), 'popart_sigma_floor', '-0.1'),
     (dict(normalize_advantages=0), 'normalize_advantages', '0'),
     (dict(popart_beta=1.5), 'popart_beta', '1.5'),
     (dict(loss_term_grad_norms='yes'), 'loss_term_grad_norms', 'yes'),

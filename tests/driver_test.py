@@ -118,6 +118,7 @@ def test_popart_run_logs_its_statistics_and_the_diagnostics(tmp_path):
   # The chain env pays 1 per step for 8 steps: the V-trace targets sit between
   # 1 and 8, so PopArt's mu lands there and sigma well below the initial 1e6 cap.
   config = testing.tiny_config(logdir=str(tmp_path), popart=True, popart_beta=0.1,
+                               entropy_cost_schedule='constant',
                                grad_clip=1e-3, total_environment_frames=400,
                                log_interval_secs=0.2)
   driver.train(config)

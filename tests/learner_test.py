@@ -258,7 +258,8 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0):
   net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
   net.popart.mu.assign([mu0])
   net.popart.nu.assign([nu0])
-  sigma0 = np.sqrt(nu0 - mu0**2)
+  floor = cfg.popart_sigma_floor
+  sigma0 = max(np.sqrt(nu0 - mu0**2), floor * abs(mu0))
   out = _unroll(cfg, net, batch)
   args = _loss_inputs(cfg, batch, out)
   targets = losses.compute_targets(**args)
@@ -267,7 +268,7 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0):
   step = cfg.popart_beta / (1 - (1 - cfg.popart_beta)**(updates0 + 1))
   mu1 = (1 - step) * mu0 + step * vs.mean()
   nu1 = (1 - step) * nu0 + step * np.mean(vs**2)
-  sigma1 = np.sqrt(nu1 - mu1**2)
+  sigma1 = max(np.sqrt(nu1 - mu1**2), floor * abs(mu1))
   head = net.baseline_head
   head.w.assign(head.w.numpy() * sigma0 / sigma1)
   head.b.assign((sigma0 * head.b.numpy() + mu0 - mu1) / sigma1)
@@ -294,10 +295,12 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0):
   return new, mu1, sigma1, norm
 
 
-@pytest.mark.parametrize('optimizer', ['rmsprop', 'adam'])
-def test_popart_step_matches_hand_computation(optimizer):
+@pytest.mark.parametrize('optimizer,floor', [('rmsprop', 0.1), ('adam', 0.1),
+                                             ('adam', 0.9)])
+def test_popart_step_matches_hand_computation(optimizer, floor):
+  # floor=0.9: the old sigma is the floor, 0.9 * |mu0| = 2.7, not the spread 2.
   cfg = _config(optimizer=optimizer, popart=True, popart_beta=0.2,
-                learning_rate=0.05, grad_clip=0.5)
+                learning_rate=0.05, grad_clip=0.5, popart_sigma_floor=floor)
   batch = make_batch(seed=9, reward_scale=5.0)
   mu0, nu0, updates0 = -3.0, 13.0, 3.0  # sigma0 = 2; the 4th update.
   learner = _make_learner(cfg)
@@ -313,7 +316,7 @@ def test_popart_step_matches_hand_computation(optimizer):
   np.testing.assert_allclose(popart.mu.numpy(), [mu1], rtol=1e-5)
   np.testing.assert_allclose(float(popart.sigma[0]), sigma1, rtol=1e-5)
   assert float(popart.updates.numpy()) == updates0 + 1
-  assert abs(mu1 - mu0) > 0.1 and abs(sigma1 - np.sqrt(nu0 - mu0**2)) > 0.1
+  assert abs(mu1 - mu0) > 0.1 and abs(sigma1 - 2.0) > 0.1
   np.testing.assert_allclose(float(out['grad_norm']), ref_norm, rtol=1e-4)
   for v, ref in zip(learner.network.trainable_variables, ref_weights):
     np.testing.assert_allclose(v.numpy(), ref, atol=2e-6, rtol=1e-4, err_msg=v.name)

@@ -551,12 +551,21 @@ def test_popart_baseline_is_in_return_units_and_preserve_keeps_it(tmp_path):
                              rtol=1e-5, atol=1e-4)
 
 
-def test_popart_sigma_is_clipped():
-  sigma = networks.PopArt.sigma_of(tf.constant([2.0, 0.0, 0.0]),
-                                   tf.constant([4.0, 1e20, 1.0]))
-  np.testing.assert_allclose(sigma.numpy(), [networks.PopArt.SIGMA_MIN,
-                                             networks.PopArt.SIGMA_MAX, 1.0],
-                             rtol=1e-5)
+def test_popart_sigma_is_clipped_and_floored():
+  popart = networks.PopArt(3, sigma_floor=0.25)
+  mu = tf.constant([2.0, 0.0, 0.0, -40.0, 1e5], tf.float64)
+  nu = tf.constant([4.0, 1e20, 1.0, 1600.0 + 9.0, 1e10 + 25.0], tf.float64)
+  np.testing.assert_allclose(
+      popart.sigma_of(mu, nu).numpy(),
+      # No spread: 0.25 * |mu|; huge: SIGMA_MAX; 1; floor 10 > 3; float64 keeps
+      # the spread 5 of targets near 1e5, but the floor (25,000) wins.
+      [0.5, networks.PopArt.SIGMA_MAX, 1.0, 10.0, 25_000.0], rtol=1e-6)
+  assert networks.PopArt(1).sigma_of(
+      tf.constant([1e5], tf.float64),
+      tf.constant([1e10 + 25.0], tf.float64)).numpy()[0] == pytest.approx(5.0)
+  zero = networks.PopArt(1).sigma_of(tf.constant([3.0], tf.float64),
+                                     tf.constant([9.0], tf.float64))
+  assert zero.numpy()[0] == networks.PopArt.SIGMA_MIN
 
 
 def test_separate_value_torso():

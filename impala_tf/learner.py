@@ -14,6 +14,13 @@ graph (`tf.cond` in the optimizer: weights, slots and the optimizer's `iteration
 unchanged; the same branch on every replica); the step still counts. The counters
 `nonfinite_updates` (in all) and `nonfinite_streak` (in a row) follow it.
 
+With PopArt (`config.popart`) each step first computes the V-trace targets with the
+current statistics, moves the statistics towards the targets' moments over the whole
+batch (all-reduced), rescales the value head so its outputs in return units are
+preserved, and then takes the gradient of the losses normalised by the new sigma
+(docs/design.md, "Value scale"). With `normalize_advantages` the policy term's
+advantages are normalised over the whole batch the same way.
+
 The learning-rate and entropy-cost schedules are functions of `consumed_frames`, the
 fresh env frames the learner has trained on (counted once per batch, at its first
 use), which is checkpointed with the rest.
@@ -120,8 +127,12 @@ class Learner(tf.Module):
       `losses.compute_loss`, plus grad_norm, learning_rate, entropy_cost,
       policy_lag_sum / policy_lag_max, the batch's fresh/replayed frames at
       first use, `nonfinite` (1.0 when this update was skipped because the
-      all-reduced loss or gradient norm was not finite, else 0.0) and
-      `nonfinite_streak` (float32, skipped updates in a row up to this one).
+      all-reduced loss or gradient norm was not finite, else 0.0),
+      `nonfinite_streak` (float32, skipped updates in a row up to this one),
+      `grad_clipped` (1.0 when the norm exceeded grad_clip), with
+      `loss_term_grad_norms` `grad_norm_policy`, `grad_norm_baseline` and
+      `grad_norm_entropy` (norms of each weighted term's all-reduced gradient),
+      and with PopArt `popart_mu` and `popart_sigma` (after this step).
     """
     return self._train(shards)
 

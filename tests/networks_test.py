@@ -478,7 +478,7 @@ def test_user_torso_variables_checkpoint_and_copy(tmp_path):
   a, b = _user_net('keras_mlp'), _user_net('keras_mlp')
   inputs = _inputs((B,), (4,), np.float32)
   for v in a.variables:
-    v.assign(tf.random.stateless_normal(v.shape, [3, len(v.name)]))
+    v.assign(tf.random.stateless_normal(v.shape, [3, len(v.name)], dtype=v.dtype))
   path = tf.train.Checkpoint(network=a).save(str(tmp_path / 'ckpt'))
   tf.train.Checkpoint(network=b).restore(path).assert_existing_objects_matched()
   out_a, _ = a.step(inputs)

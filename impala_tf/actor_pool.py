@@ -88,7 +88,7 @@ def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
                emit: Optional[Callable[[Arrays], bool]], episode_sink: EpisodeSink,
                stop_event: threading.Event,
                rng: Optional[tf.random.Generator] = None,
-               resumes: int = 0) -> actor_lib.Actor:
+               resumes: int = 0, id_offset: int = 0) -> actor_lib.Actor:
   """An Actor with its vector env and network copy, as every backend builds it.
 
   Args:
@@ -104,6 +104,10 @@ def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
     stop_event: stops the actor.
     rng: the actor's sampling Generator (default: seeded from `actor_rng_seed`).
     resumes: times the run was resumed (enters the env seeds).
+    id_offset: added to `actor_id` for the Actor's id (its unroll ids and
+      messages): the first actor id of this learner worker (worker index times
+      num_actors), so no two learner workers' actors share ids. The seeds use
+      `actor_id` and the config's seed (per worker: `distribute.worker_seed`).
 
   Returns:
     The Actor (its env is open; `close()` it).
@@ -118,7 +122,7 @@ def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
       net = networks.make_network(config, observation_space, action_space)
     if rng is None:
       rng = tf.random.Generator.from_seed(actor_rng_seed(config, actor_id))
-    return actor_lib.Actor(actor_id, env, net, broadcast, config.unroll_length,
+    return actor_lib.Actor(actor_id + id_offset, env, net, broadcast, config.unroll_length,
                            emit, episode_sink, seed, stop_event, rng=rng,
                            env_id=config.env,
                            step_timeout=config.env_step_timeout_secs)
@@ -166,11 +170,14 @@ class ActorPool(abc.ABC):
     stop_event: the run's stop event: the pool stops when it is set, and sets it
       when it fails (with `error` set first).
     resumes: times the run was resumed (enters the env seeds).
+    first_actor_id: id of this pool's actor 0 (`make_actor`'s id_offset): the
+      learner worker's index times num_actors.
   """
 
   def __init__(self, config: config_lib.Config, observation_space, action_space,
                episode_sink: EpisodeSink, rngs: Sequence[tf.random.Generator],
-               stop_event: threading.Event, resumes: int = 0):
+               stop_event: threading.Event, resumes: int = 0,
+               first_actor_id: int = 0):
     self.config = config
     self.observation_space = observation_space
     self.action_space = action_space
@@ -178,6 +185,7 @@ class ActorPool(abc.ABC):
     self.rngs = list(rngs)
     self.stop_event = stop_event
     self.resumes = resumes
+    self.first_actor_id = first_actor_id
     self.error: Optional[BaseException] = None
     self._seen_errors = set()
     self._seen_errors_lock = threading.Lock()
@@ -296,7 +304,7 @@ class ThreadActorPool(ActorPool):
                       self.action_space, self._broadcast,
                       self.queue.put_then_wait_for_room,
                       self.episode_sink, self.stop_event, rng=self.rngs[actor_id],
-                      resumes=self.resumes)
+                      resumes=self.resumes, id_offset=self.first_actor_id)
 
   def start(self, version, weights):
     self.publish(version, weights)

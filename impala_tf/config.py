@@ -249,6 +249,8 @@ class Config:
   # Learner and devices.
   num_gpus: int = 0
   num_virtual_cpu_devices: int = 0
+  num_learner_workers: int = 1
+  learner_worker_timeout_secs: float = 60.0
   # Loss.
   discounting: float = 0.99
   baseline_cost: float = 0.5
@@ -300,8 +302,13 @@ class Config:
 
   @property
   def num_replicas(self) -> int:
-    """Learner replicas: GPUs, else virtual CPU devices, else 1."""
+    """Learner replicas of one worker: GPUs, else virtual CPU devices, else 1."""
     return self.num_gpus or self.num_virtual_cpu_devices or 1
+
+  @property
+  def num_replicas_in_sync(self) -> int:
+    """Learner replicas over all learner workers."""
+    return self.num_replicas * self.num_learner_workers
 
   @property
   def ray_actor_resources_dict(self) -> dict:
@@ -472,6 +479,8 @@ _RULES = {
     'num_virtual_cpu_devices': (
         (lambda v: v >= 0),
         'must be an integer >= 0 (0: use the CPU as one device)'),
+    'num_learner_workers': _ints(1),
+    'learner_worker_timeout_secs': _positive('a number of seconds'),
     'discounting': _unit_closed(),
     'baseline_cost': _non_negative(),
     'entropy_cost': _non_negative(),
@@ -540,10 +549,15 @@ def _validate(c: Config):
   require(not (c.num_gpus and c.num_virtual_cpu_devices), 'num_virtual_cpu_devices',
           'must be 0 when --num_gpus is set (virtual CPU devices replace GPUs for '
           'testing)')
-  require(c.batch_size % c.num_replicas == 0, 'batch_size',
-          f'must be divisible by the {c.num_replicas} learner replicas (num_gpus='
-          f'{c.num_gpus}, num_virtual_cpu_devices={c.num_virtual_cpu_devices}) so no '
-          'unroll is dropped; use a multiple of the replica count')
+  require(c.num_learner_workers == 1 or c.num_virtual_cpu_devices <= 1,
+          'num_virtual_cpu_devices',
+          'must be 0 or 1 with --num_learner_workers > 1 (a multi-worker learner '
+          'has one CPU replica per worker, or --num_gpus replicas)')
+  require(c.batch_size % c.num_replicas_in_sync == 0, 'batch_size',
+          f'must be divisible by the {c.num_replicas_in_sync} learner replicas '
+          f'(num_gpus={c.num_gpus}, num_virtual_cpu_devices='
+          f'{c.num_virtual_cpu_devices}, num_learner_workers={c.num_learner_workers}) '
+          'so no unroll is dropped; use a multiple of the replica count')
   require(c.shared_torso or (c.network in ('auto', 'mlp') and not c.use_lstm),
           'shared_torso',
           'must be True unless --network is mlp or auto (vector observations) and '

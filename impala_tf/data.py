@@ -259,16 +259,17 @@ def distribute(strategy: tf.distribute.Strategy, make_dataset: Callable[[], tf.d
   """Feeds each replica its shard through `distribute_datasets_from_function`.
 
   Args:
-    strategy: the learner's strategy (one worker, N replicas).
-    make_dataset: returns the dataset of `build_dataset`.
+    strategy: the learner's strategy (N replicas on one worker, or on each of
+      several workers).
+    make_dataset: returns the dataset of `build_dataset` for this worker's
+      replicas. With several workers each worker calls it once, in its own
+      process, on its own actors' data (its batch is its share of the global one).
 
   Returns:
     A distributed dataset whose elements are PerReplica values of shards.
   """
   def dataset_fn(input_context: tf.distribute.InputContext):
-    if input_context.num_input_pipelines != 1:
-      raise ValueError('impala_tf runs one learner worker; got '
-                       f'{input_context.num_input_pipelines} input pipelines')
+    del input_context  # Each worker's dataset reads its own actors.
     return make_dataset()
   return strategy.distribute_datasets_from_function(
       dataset_fn,

@@ -1,4 +1,4 @@
-"""Learner devices: MirroredStrategy over GPUs, virtual CPU devices, or the CPU.
+"""Learner devices and workers: (MultiWorker)MirroredStrategy from one factory.
 
 `configure_devices` must run before TensorFlow initialises its devices (before the
 first op); `get_strategy` then returns a `tf.distribute.MirroredStrategy` over:
@@ -8,14 +8,197 @@ first op); `get_strategy` then returns a `tf.distribute.MirroredStrategy` over:
   without a GPU: tests and CI use it);
 * else the CPU as a single replica (still a MirroredStrategy, so every run takes the
   same code path: replica context, all-reduce, merge_call).
+
+Several learner workers (TensorFlow's convention: the environment variable
+`TF_CONFIG` names a cluster of more than one `worker` and this process's task):
+`cluster_from_env` parses and checks it (`ClusterError`, one line, before any work),
+and `get_strategy(..., cluster=...)` returns a
+`tf.distribute.MultiWorkerMirroredStrategy` over the replicas of every worker (each
+worker's GPUs, or its CPU). It must be created before any other TensorFlow op of
+the process. The tower invariant holds across workers: the step's gradients and
+sums are all-reduced once over all replicas, then clipped once and applied once on
+every replica. Worker 0 is the chief. `sum_over_workers` makes the small per-step
+all-reduce the driver uses to agree on stopping and to sum its counters.
+
+TensorFlow's gRPC server listens on every interface (`[::]:PORT`; it has no
+bind-address option): `exposure_line` says so at start (docs/scaling.md).
 """
 
-from typing import List
+import dataclasses
+import json
+import os
+import socket
+from typing import Callable, List, Optional, Sequence
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from impala_tf import config as config_lib
+
+TF_CONFIG = 'TF_CONFIG'
+# Set (to 1) in the environment of the workers `impala_tf.launcher` starts: the
+# launcher prints the exposure line and the line naming a dead worker for them.
+LAUNCHED_ENV = 'IMPALA_TF_LAUNCHED_WORKER'
+
+
+class ClusterError(ValueError):
+  """TF_CONFIG (or a port it names) cannot be used; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """The learner workers and this process's place among them.
+
+  Attributes:
+    workers: 'host:port' of every worker, in task index order.
+    index: this process's task index in `workers`.
+  """
+  workers: Sequence[str]
+  index: int
+
+  @property
+  def num_workers(self) -> int:
+    return len(self.workers)
+
+  @property
+  def is_chief(self) -> bool:
+    return self.index == 0
+
+  @property
+  def port(self) -> int:
+    return int(self.workers[self.index].rsplit(':', 1)[1])
+
+  def tf_config(self, index: Optional[int] = None) -> str:
+    """The TF_CONFIG JSON of worker `index` (default: this one)."""
+    return json.dumps({'cluster': {'worker': list(self.workers)},
+                       'task': {'type': 'worker',
+                                'index': self.index if index is None else index}})
+
+
+def parse_tf_config(text: str) -> Cluster:
+  """Parses a TF_CONFIG value into a Cluster.
+
+  Raises:
+    ClusterError: naming what is wrong: not JSON, no `cluster.worker` list, a
+      worker that is not 'host:port', a `chief`/`ps`/`evaluator` job (name the
+      chief as worker 0), a task that is not a worker, an index out of range.
+  """
+  try:
+    spec = json.loads(text)
+  except ValueError as e:
+    raise ClusterError(f'{TF_CONFIG} is not JSON ({e})') from None
+  if not isinstance(spec, dict) or not isinstance(spec.get('cluster'), dict):
+    raise ClusterError(f'{TF_CONFIG} must be a JSON object with a "cluster" object, '
+                       'e.g. {"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
+                       '"task": {"type": "worker", "index": 0}}')
+  cluster = spec['cluster']
+  others = sorted(k for k in cluster if k != 'worker')
+  if others:
+    raise ClusterError(f'{TF_CONFIG} cluster has job(s) {", ".join(others)}: impala_tf '
+                       'runs only "worker" tasks (worker 0 is the chief)')
+  workers = cluster.get('worker')
+  if (not isinstance(workers, list) or not workers or
+      not all(isinstance(w, str) for w in workers)):
+    raise ClusterError(f'{TF_CONFIG} cluster.worker must be a non-empty list of '
+                       f'"host:port" strings; got {workers!r}')
+  for w in workers:
+    host, _, port = w.rpartition(':')
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ClusterError(f'{TF_CONFIG} worker {w!r} is not "host:port" with a port '
+                         'in 1..65535')
+  if len(set(workers)) != len(workers):
+    raise ClusterError(f'{TF_CONFIG} names a worker address twice: {workers}')
+  task = spec.get('task')
+  if not isinstance(task, dict) or task.get('type') != 'worker':
+    raise ClusterError(f'{TF_CONFIG} task must be {{"type": "worker", "index": I}}; '
+                       f'got {task!r}')
+  index = task.get('index')
+  if not isinstance(index, int) or isinstance(index, bool) or not (
+      0 <= index < len(workers)):
+    raise ClusterError(f'{TF_CONFIG} task index {index!r} is out of range: the '
+                       f'cluster has {len(workers)} worker(s), indices '
+                       f'0..{len(workers) - 1}')
+  return Cluster(tuple(workers), index)
+
+
+def cluster_from_env(num_learner_workers: int = 1,
+                     environ: Optional[dict] = None) -> Optional[Cluster]:
+  """The Cluster this process belongs to, from TF_CONFIG; None for one worker.
+
+  Args:
+    num_learner_workers: the --num_learner_workers flag: with a TF_CONFIG it must
+      be 1 (take the cluster's size) or the number of workers it names.
+    environ: the environment (default os.environ).
+
+  Raises:
+    ClusterError: TF_CONFIG cannot be used (see `parse_tf_config`), or names
+      another number of workers than num_learner_workers.
+  """
+  text = (os.environ if environ is None else environ).get(TF_CONFIG, '')
+  if not text.strip():
+    return None
+  cluster = parse_tf_config(text)
+  if num_learner_workers not in (1, cluster.num_workers):
+    raise ClusterError(f'--num_learner_workers={num_learner_workers} but {TF_CONFIG} '
+                       f'names {cluster.num_workers} worker(s); pass 1 or '
+                       f'{cluster.num_workers}, or unset {TF_CONFIG}')
+  return cluster if cluster.num_workers > 1 else None
+
+
+def check_port_free(port: int, what: str = 'port') -> None:
+  """Raises ClusterError when `port` cannot be bound on all interfaces.
+
+  TensorFlow's server binds `[::]:port` (all interfaces), so that is what is
+  tried; a port that another process holds would otherwise fail deep inside the
+  strategy, after start-up work.
+  """
+  errors = []
+  for family, address in ((socket.AF_INET6, '::'), (socket.AF_INET, '0.0.0.0')):
+    try:
+      sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+      continue  # No IPv6 on this host: the IPv4 try decides.
+    try:
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      sock.bind((address, port))
+      return
+    except OSError as e:
+      errors.append(e)
+    finally:
+      sock.close()
+  detail = errors[0].strerror if errors else 'no socket family available'
+  raise ClusterError(f'{what} {port} cannot be opened ({detail}): another process '
+                     'holds it; free it or name another port')
+
+
+def free_local_ports(count: int) -> List[int]:
+  """`count` distinct ports that are free now (the OS picks them)."""
+  socks = []
+  try:
+    for _ in range(count):
+      sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      sock.bind(('127.0.0.1', 0))
+      socks.append(sock)
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
+
+
+def exposure_line(ports: Sequence[int]) -> str:
+  """The start-up line naming the ports TensorFlow opens on all interfaces."""
+  listed = ', '.join(f'[::]:{p}' for p in ports)
+  return (f'impala_tf: learner workers open TCP port(s) {listed} on ALL network '
+          'interfaces (TensorFlow\'s gRPC server for MultiWorkerMirroredStrategy has '
+          'no bind-address option, and runs what a client sends it); only the '
+          'workers\' own traffic should reach them: run on a private network or '
+          'behind a firewall (docs/scaling.md)')
+
+
+def worker_seed(seed: int, worker_index: int) -> int:
+  """The actors' seed of learner worker `worker_index` (worker 0: `seed`)."""
+  return (seed + worker_index * 7_919_993) % (2**31)
 
 
 def visible_gpus() -> List[str]:
@@ -83,9 +266,34 @@ def configure_devices(num_virtual_cpu_devices: int = 0, num_gpus: int = 0):
           'before any TensorFlow op runs (e.g. in a fresh process)') from None
 
 
-def get_strategy(num_gpus: int = 0,
-                 num_virtual_cpu_devices: int = 0) -> tf.distribute.MirroredStrategy:
-  """Returns the learner's MirroredStrategy (see the module docstring)."""
+def get_strategy(num_gpus: int = 0, num_virtual_cpu_devices: int = 0,
+                 cluster: Optional[Cluster] = None,
+                 timeout_secs: Optional[float] = None) -> tf.distribute.Strategy:
+  """Returns the learner's strategy (see the module docstring).
+
+  Args:
+    num_gpus: GPUs of this worker.
+    num_virtual_cpu_devices: logical CPU devices (one worker only).
+    cluster: from `cluster_from_env`; several workers give a
+      MultiWorkerMirroredStrategy (created before any other TensorFlow op).
+    timeout_secs: with a cluster, seconds a collective waits for the other
+      workers before it fails (a dead worker then stops the survivors).
+  """
+  if cluster is not None and cluster.num_workers > 1:
+    os.environ[TF_CONFIG] = cluster.tf_config()
+    comm = tf.distribute.experimental.CommunicationOptions(
+        implementation=(tf.distribute.experimental.CommunicationImplementation.NCCL
+                        if num_gpus else
+                        tf.distribute.experimental.CommunicationImplementation.RING),
+        timeout_seconds=timeout_secs)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=comm)
+    have = strategy.extended.worker_devices
+    want = max(num_gpus, 1)
+    if len(have) != want:
+      raise RuntimeError(f'learner worker {cluster.index} has devices {list(have)}; '
+                         f'expected {want} (--num_gpus={num_gpus})')
+    return strategy
   if num_gpus:
     devices = [f'/gpu:{i}' for i in range(num_gpus)]
     ops = tf.distribute.NcclAllReduce() if num_gpus > 1 else None
@@ -100,3 +308,45 @@ def get_strategy(num_gpus: int = 0,
     return tf.distribute.MirroredStrategy(
         devices, cross_device_ops=tf.distribute.ReductionToOneDevice('/cpu:0'))
   return tf.distribute.MirroredStrategy(['/cpu:0'])
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+  """Learner workers of `strategy` (1 for a MirroredStrategy)."""
+  resolver = getattr(strategy, 'cluster_resolver', None)
+  if resolver is None:
+    return 1
+  spec = resolver.cluster_spec().as_dict()
+  return max(1, len(spec.get('worker', ())) + len(spec.get('chief', ())))
+
+
+def local_replicas(strategy: tf.distribute.Strategy) -> int:
+  """Replicas of this worker (all replicas for a MirroredStrategy)."""
+  return len(strategy.extended.worker_devices)
+
+
+def sum_over_workers(strategy: tf.distribute.Strategy
+                     ) -> Callable[[Sequence[float]], np.ndarray]:
+  """A function that sums a float64 vector over the learner workers.
+
+  Every worker must call it the same number of times (it is a collective
+  all-reduce; one call costs ~3 ms on two workers of one host). Each worker's
+  vector counts once, whatever its number of replicas.
+
+  Returns:
+    `fn(values) -> np.ndarray` float64 `[len(values)]`, the sum over workers.
+  """
+  replicas = float(local_replicas(strategy))
+
+  def replica_fn(x):
+    ctx = tf.distribute.get_replica_context()
+    # tf.identity: the all-reduce needs a value placed on the replica's device.
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(x) / replicas)
+
+  @tf.function(autograph=False)
+  def reduce(x):
+    out = strategy.run(replica_fn, args=(x,))
+    return strategy.experimental_local_results(out)[0]
+
+  def fn(values):
+    return reduce(tf.constant(values, tf.float64)).numpy()
+  return fn

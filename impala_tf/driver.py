@@ -10,12 +10,30 @@ episodes are done), on `stop_event`, on Ctrl-C / SIGTERM (the caller turns these
 current minibatch-reuse ring, stops the actors, writes a final checkpoint and the
 SavedModel, and returns or raises with a message that says what to change.
 
+Several learner workers (a `TF_CONFIG` naming more than one worker, read by
+`distribute.cluster_from_env`): this process is one worker of a
+MultiWorkerMirroredStrategy, created first, before any other TensorFlow op. It
+runs its own actors (ids offset by worker index x num_actors, seeds by
+`distribute.worker_seed`) and feeds its own replicas its share of the global
+--batch_size. At the end of every reuse ring the workers all-reduce a small
+vector (`distribute.sum_over_workers`): stop requests and errors, env frames and
+episode statistics, and the chief's wish to checkpoint; so they stop at the same
+step (none is left in an all-reduce), count frames and episodes over all workers,
+and checkpoint at the same step. The chief (worker 0) alone writes the run
+directory (lock, config.json, metrics.jsonl, TensorBoard, checkpoints,
+saved_policy); the others write their checkpoints to a temporary directory
+(TensorFlow's protocol) and delete it; every worker restores from the chief's
+checkpoints. A collective that fails (a worker died) ends the run with one line.
+
 This module reads no flags.
 """
 
 import dataclasses
 import json
+import math
 import os
+import shutil
+import tempfile
 import threading
 import time
 from typing import Callable, Dict, Optional, Tuple
@@ -38,6 +56,11 @@ from impala_tf import rundir
 from impala_tf import saved_policy
 
 
+# Errors of a collective whose peer worker is gone.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.CancelledError, tf.errors.AbortedError,
+                tf.errors.InternalError)
+
 # Seconds a stop request waits for the learner loop to reach the end of its reuse
 # ring before the actors and the data pipeline are stopped under it.
 STOP_GRACE_SECS = 2.0
@@ -45,6 +68,10 @@ STOP_GRACE_SECS = 2.0
 
 class TrainingError(RuntimeError):
   """The run cannot continue; the message says why and what to change."""
+
+
+class PeerLostError(TrainingError):
+  """Another learner worker stopped answering (its launcher names it)."""
 
 
 @dataclasses.dataclass
@@ -72,6 +99,15 @@ def _make_pool(config: config_lib.Config, *args) -> actor_pool.ActorPool:
     from impala_tf import ray_actors  # pylint: disable=g-import-not-at-top
     return ray_actors.RayActorPool(config, *args)
   return actor_pool.ThreadActorPool(config, *args)
+
+
+def _first_line(error: BaseException) -> str:
+  """`Type: reason` of a TensorFlow error, on one line (at most ~200 chars)."""
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  reason = next((l for l in lines if 'abort' in l.lower() or 'unhealthy' in l.lower()
+                 or 'deadline' in l.lower()), lines[0] if lines else '')
+  text = f'{type(error).__name__}: {reason}'
+  return text if len(text) <= 200 else text[:200] + '...'
 
 
 def _last_metrics(logdir: str) -> Dict[str, object]:
@@ -105,25 +141,54 @@ def train(config: config_lib.Config,
       be written, or its checkpoints do not fit this config or cannot be read. The
       message is one line.
   """
+  try:
+    cluster = distribute.cluster_from_env(config.num_learner_workers)
+    if cluster is not None:
+      config = config.replace(num_learner_workers=cluster.num_workers)
+      distribute.check_port_free(
+          cluster.port, f'{distribute.TF_CONFIG} worker {cluster.index} port')
+  except distribute.ClusterError as e:
+    raise TrainingError(str(e)) from None
+  except config_lib.ConfigError as e:
+    raise TrainingError(f'--{e}') from None
+  if cluster is None and config.num_learner_workers > 1:
+    raise TrainingError(
+        f'--num_learner_workers={config.num_learner_workers} needs a '
+        f'{distribute.TF_CONFIG} naming the workers (python -m impala_tf.train '
+        'starts them on this host)')
+  chief = cluster is None or cluster.is_chief
   lock = rundir.LogdirLock(config.logdir)
   try:
     rundir.check_logdir(config.logdir)
-    lock.acquire()  # One run per logdir, held until this call returns.
+    if chief:
+      lock.acquire()  # One run per logdir, held until this call returns.
   except config_lib.ConfigError as e:
     raise TrainingError(f'--{e}') from None
   try:
     distribute.configure_devices(config.num_virtual_cpu_devices, config.num_gpus)
-    run = _Run(config, stop_event or threading.Event(), on_metrics)
-    if run.restored and run.base_env_frames >= config.total_environment_frames:
-      print(f'impala_tf: {run.restored} already has env_frames='
-            f'{run.base_env_frames} >= total_environment_frames='
-            f'{config.total_environment_frames}; nothing to train (raise '
-            '--total_environment_frames to continue)', flush=True)
-      run.save_policy()
-      return RunResult(_last_metrics(config.logdir), config.logdir, False, False)
-    return run.train()
+    if cluster is not None and not os.environ.get(distribute.LAUNCHED_ENV):
+      print(distribute.exposure_line([cluster.port]), flush=True)
+    # A MultiWorkerMirroredStrategy must come before any other TensorFlow op.
+    strategy = distribute.get_strategy(
+        config.num_gpus, config.num_virtual_cpu_devices, cluster,
+        config.learner_worker_timeout_secs)
+    run = _Run(config, stop_event or threading.Event(), on_metrics, strategy,
+               cluster)
+    try:
+      if run.restored and run.base_env_frames >= config.total_environment_frames:
+        if chief:
+          print(f'impala_tf: {run.restored} already has env_frames='
+                f'{run.base_env_frames} >= total_environment_frames='
+                f'{config.total_environment_frames}; nothing to train (raise '
+                '--total_environment_frames to continue)', flush=True)
+          run.save_policy()
+        return RunResult(_last_metrics(config.logdir), config.logdir, False, False)
+      return run.train()
+    finally:
+      run.cleanup()
   finally:
-    lock.release()
+    if chief:
+      lock.release()
 
 
 class _Window:
@@ -176,10 +241,22 @@ class _Run:
   """One call of `train`: what it built and restored, and its phases as methods."""
 
   def __init__(self, config: config_lib.Config, stop: threading.Event,
-               on_metrics: Optional[Callable[[Dict[str, object]], None]]):
+               on_metrics: Optional[Callable[[Dict[str, object]], None]],
+               strategy: tf.distribute.Strategy,
+               cluster: Optional[distribute.Cluster] = None):
     self.config = config
     self.stop = stop
     self.on_metrics = on_metrics
+    self.cluster = cluster
+    self.multi = cluster is not None
+    self.worker_index = cluster.index if cluster else 0
+    self.num_workers = cluster.num_workers if cluster else 1
+    self.chief = self.worker_index == 0
+    # This worker's actors: their own seeds (worker 0 keeps the run's).
+    self.actor_config = config if self.chief else config.replace(
+        seed=distribute.worker_seed(config.seed, self.worker_index))
+    self.peer_error: Optional[TrainingError] = None
+    self.tmpdir = None
     self.internal_stop = threading.Event()
     self.start_time = time.time()
     env_kwargs = environments.env_kwargs(config)
@@ -193,8 +270,7 @@ class _Run:
       raise TrainingError(str(e)) from None
     if learning_changes:
       rundir.warn(rundir.learning_warning(learning_changes))
-    self.strategy = distribute.get_strategy(config.num_gpus,
-                                            config.num_virtual_cpu_devices)
+    self.strategy = strategy
     self.learner = learner_lib.Learner(
         config, lambda: networks.make_network(config, self.obs_space,
                                               self.action_space),
@@ -203,26 +279,49 @@ class _Run:
     # Times this run was resumed; a separate (optional) trackable so checkpoints
     # written before it existed still restore.
     self.resumes = tf.Variable(0, dtype=tf.int64, trainable=False, name='resumes')
-    self.episode_log = metrics_lib.EpisodeLog(100)
-    # The actors' sampling RNGs live here so checkpoints include them.
+    # With W workers each keeps its last ceil(100 / W) episodes: the mean over
+    # all workers is over about the last 100.
+    self.episode_log = metrics_lib.EpisodeLog(math.ceil(100 / self.num_workers))
+    # The actors' sampling RNGs live here so checkpoints include them (the
+    # chief's; another worker's start from its own seeds at each resume).
     self.actor_rngs = [
-        tf.random.Generator.from_seed(actor_pool.actor_rng_seed(config, i))
+        tf.random.Generator.from_seed(
+            actor_pool.actor_rng_seed(self.actor_config, i))
         for i in range(config.num_actors)]
-    self.ckpt = checkpoints.Checkpointer(
-        config.logdir, config.keep_checkpoints, network=self.learner.network,
+    trackables = dict(
+        network=self.learner.network,
         optimizer=self.learner.optimizer, learner_steps=self.learner.learner_steps,
         consumed_frames=self.learner.consumed_frames,
         replayed_frames=self.learner.replayed_frames,
         trained_frames=self.learner.trained_frames, run_state=self.run_state,
         nonfinite_updates=self.learner.nonfinite_updates, resumes=self.resumes,
-        optional=[f'actor_rng_{i}' for i in range(config.num_actors)] + [
-            'nonfinite_updates', 'resumes'],
         **{f'actor_rng_{i}': g for i, g in enumerate(self.actor_rngs)})
+    optional = [f'actor_rng_{i}' for i in range(config.num_actors)] + [
+        'nonfinite_updates', 'resumes']
+    if not self.chief:  # Its RNGs are its own: not restored from the chief's.
+      trackables = {k: v for k, v in trackables.items()
+                    if not k.startswith('actor_rng_')}
+    self.ckpt = checkpoints.Checkpointer(
+        config.logdir, config.keep_checkpoints, optional=optional, **trackables)
+    self.save_ckpt = self.ckpt
+    if not self.chief:
+      # TensorFlow's protocol: every worker saves, the others to a temporary
+      # directory that is deleted.
+      self.tmpdir = tempfile.mkdtemp(prefix=f'impala_tf_worker{self.worker_index}_')
+      self.save_ckpt = checkpoints.Checkpointer(self.tmpdir, 1, optional=optional,
+                                                **trackables)
     self.restored = self._restore()
     self.num_resumes = int(self.resumes.numpy())
     self.base_env_frames = int(self.run_state.env_frames.numpy())
     self.base_wall = float(self.run_state.wall_seconds.numpy())
-    self.episode_log.count = int(self.run_state.episodes.numpy())
+    self.base_episodes = int(self.run_state.episodes.numpy())
+    self.episode_log.count = self.base_episodes
+    # Sums over the workers, as of the last agreement (several workers only).
+    self.agreed = {'env_frames': self.base_env_frames,
+                   'episodes': self.base_episodes,
+                   'summary': self.episode_log.summary()}
+    self._sum_over_workers = (distribute.sum_over_workers(strategy) if self.multi
+                              else None)
     self.pool: Optional[actor_pool.ActorPool] = None
     self.out = None  # The last learner step's output.
     self.first_step_secs = self.first_step_unix = None
@@ -237,8 +336,9 @@ class _Run:
       raise TrainingError(str(e)) from None
     if restored:
       self.resumes.assign_add(1)
-    rundir.write_config(self.config)  # After the restore: a mismatch keeps it.
-    if restored:
+    if self.chief:
+      rundir.write_config(self.config)  # After the restore: a mismatch keeps it.
+    if restored and self.chief:
       frames = int(self.run_state.env_frames.numpy())
       steps = int(self.learner.learner_steps.numpy())
       logging.info('Resuming from %s: %d env frames, %d learner steps.', restored,
@@ -254,27 +354,35 @@ class _Run:
     signature = data.unroll_signature(
         self.obs_space.shape, self.obs_space.dtype, int(self.action_space.n),
         config.unroll_length, state_sizes)
+    # This worker's share of the global batch, over its own replicas.
     return data.distribute(self.strategy, lambda: data.build_dataset(
-        source, signature, batch_size=config.batch_size,
+        source, signature, batch_size=config.batch_size // self.num_workers,
         num_loaders=config.num_data_loader_buffers,
         num_sgd_iter=config.num_sgd_iter,
         minibatch_buffer_size=config.minibatch_buffer_size,
-        num_replicas=self.strategy.num_replicas_in_sync))
+        num_replicas=distribute.local_replicas(self.strategy)))
+
+  def cleanup(self):
+    """Deletes this worker's temporary checkpoint directory (not the chief's)."""
+    if self.tmpdir:
+      shutil.rmtree(self.tmpdir, ignore_errors=True)
 
   def train(self) -> RunResult:
     """Starts the actors, runs the learner loop, and always shuts down cleanly."""
     config = self.config
-    self.pool = _make_pool(config, self.obs_space, self.action_space,
+    self.pool = _make_pool(self.actor_config, self.obs_space, self.action_space,
                            self.episode_log.add, self.actor_rngs, self.internal_stop,
-                           self.num_resumes)
+                           self.num_resumes,
+                           self.worker_index * config.num_actors)
     replay = None
     if config.replay_proportion > 0:
       replay = replay_lib.ReplayBuffer(
           config.replay_buffer_num_slots, config.replay_proportion,
-          seed=config.seed + self.num_resumes * 1_000_003)
+          seed=self.actor_config.seed + self.num_resumes * 1_000_003)
     source = data.ChunkSource(self.pool.get_chunk, replay)
     dataset = self._dataset(source)
-    self.writer = metrics_lib.MetricsWriter(config.logdir, config.to_dict())
+    self.writer = (metrics_lib.MetricsWriter(config.logdir, config.to_dict())
+                   if self.chief else None)
     self.window = _Window(self.base_env_frames)
     reached_target = interrupted = False
     iterator = None
@@ -292,6 +400,14 @@ class _Run:
       logging.info('Interrupted: stopping actors and writing a final checkpoint.')
     except actor_pool.ActorPoolError as e:
       self.pool.fail(e)
+    except _PEER_ERRORS as e:
+      if not self.multi:
+        raise
+      self.peer_error = PeerLostError(
+          f'learner worker {self.worker_index}: another learner worker stopped '
+          f'answering (a collective failed: {_first_line(e)}); the run stops; the '
+          'newest checkpoint in --logdir is intact: rerun the same command to '
+          'resume')
     finally:
       loop_done.set()
       self.internal_stop.set()
@@ -315,13 +431,17 @@ class _Run:
       final['interrupted'] = interrupted
       self._emit(final)
       # Keep the last finite checkpoint; and a resumed run that made no learner
-      # step leaves the checkpoint it restored as it was.
-      if self.nonfinite_error is None and not (self.restored and
-                                               self.steps_run == 0):
+      # step leaves the checkpoint it restored as it was. After a failed
+      # collective the state may be one step ahead of a dead worker's: keep the
+      # last agreed checkpoint.
+      if self.nonfinite_error is None and self.peer_error is None and not (
+          self.restored and self.steps_run == 0):
         self._save()
-      self.writer.close()
+      if self.writer is not None:
+        self.writer.close()
     def fatal():
-      return [e for e in (self.nonfinite_error, self.pool.error, source.error)
+      return [e for e in (self.peer_error, self.nonfinite_error, self.pool.error,
+                          source.error)
               if e is not None]
     try:
       if not fatal():
@@ -401,11 +521,20 @@ class _Run:
       if now - last_log >= config.log_interval_secs:
         last_log = now
         self._emit(self._metrics())
-      if now - last_ckpt >= config.checkpoint_interval_secs:
+      if not self.multi and now - last_ckpt >= config.checkpoint_interval_secs:
         last_ckpt = now
         self._save()
       if steps_run % ring:
         continue  # Stop only at the end of a reuse ring.
+      if self.multi:  # Stop and checkpoint where every worker agrees to.
+        decision = self._agree(
+            self.chief and now - last_ckpt >= config.checkpoint_interval_secs)
+        if decision['checkpoint']:
+          last_ckpt = now
+          self._save()
+        if decision['stop'] is not None:
+          return decision['stop']
+        continue
       if self.pool.error or self.stop.is_set() or self.internal_stop.is_set():
         return False, not self.pool.error and self.stop.is_set()
       if self._env_frames() >= config.total_environment_frames:
@@ -416,8 +545,64 @@ class _Run:
             s['episode_return_mean'] >= config.target_return):
           return True, False
 
+  def _agree(self, want_checkpoint: bool) -> Dict[str, object]:
+    """One all-reduce over the workers at the end of a reuse ring.
+
+    Every worker calls it at the same learner step and gets the same sums, so all
+    take the same decision.
+
+    Returns:
+      dict: `checkpoint` (bool, the chief asked for one) and `stop`: None to go
+      on, else `(reached_target, interrupted)` as `_loop` returns.
+    """
+    config = self.config
+    s = self.episode_log.summary()
+    n = s['episodes_in_mean']
+    values = [
+        float(self.stop.is_set() or self.internal_stop.is_set()),
+        float(self.pool.error is not None),
+        float(self.pool.steps * self.repeat),
+        float(self.episode_log.count - self.base_episodes),
+        (s['episode_return_mean'] or 0.0) * n,
+        (s['episode_length_mean'] or 0.0) * n,
+        float(n),
+        float(want_checkpoint),
+    ]
+    (stops, errors, frames, episodes, return_sum, length_sum, count,
+     checkpoint) = self._sum_over_workers(values)
+    count = int(round(count))
+    self.agreed = {
+        'env_frames': self.base_env_frames + int(round(frames)),
+        'episodes': self.base_episodes + int(round(episodes)),
+        'summary': {
+            'episode_return_mean': return_sum / count if count else None,
+            'episode_length_mean': length_sum / count if count else None,
+            'episodes_in_mean': count},
+    }
+    decision = {'checkpoint': checkpoint > 0, 'stop': None}
+    if errors > 0:
+      decision['stop'] = (False, False)
+    elif stops > 0:
+      decision['stop'] = (False, True)
+    elif self.agreed['env_frames'] >= config.total_environment_frames:
+      decision['stop'] = (False, False)
+    elif config.target_return is not None:
+      mean = self.agreed['summary']['episode_return_mean']
+      if (count >= self.episode_log.window * self.num_workers and
+          mean >= config.target_return):
+        decision['stop'] = (True, False)
+    return decision
+
   def _env_frames(self) -> int:
+    if self.multi:  # The sum over workers as of the last agreement.
+      return self.agreed['env_frames']
     return self.base_env_frames + self.pool.steps * self.repeat
+
+  def _episodes(self) -> int:
+    return self.agreed['episodes'] if self.multi else self.episode_log.count
+
+  def _episode_summary(self) -> Dict[str, object]:
+    return self.agreed['summary'] if self.multi else self.episode_log.summary()
 
   def _metrics(self, final: bool = False) -> Dict[str, object]:
     """A metrics line; starts the next window."""
@@ -431,7 +616,7 @@ class _Run:
         'consumed_frames': int(learner.consumed_frames.numpy()),
         'replayed_frames': int(learner.replayed_frames.numpy()),
         'learner_steps': int(learner.learner_steps.numpy()),
-        'episodes': self.episode_log.count,
+        'episodes': self._episodes(),
         'wall_seconds': self.base_wall + time.time() - self.start_time,
         'learner_queue_size': self.pool.queue.qsize(),
         'learner_queue_capacity': self.pool.queue.maxsize,
@@ -440,11 +625,12 @@ class _Run:
         'actor_restarts': self.pool.restarts,
         'nonfinite_updates': int(learner.nonfinite_updates.numpy()),
         'num_replicas': self.strategy.num_replicas_in_sync,
+        'num_learner_workers': self.num_workers,
         'startup_seconds': self.first_step_secs,
         'first_learner_step_unix': self.first_step_unix,
     }
     m.update(self.window.metrics(frames))
-    m.update(self.episode_log.summary())
+    m.update(self._episode_summary())
     m.update({k: summary[k] for k in _DIAGNOSTICS if k in summary})
     m.update({k: diag[k] for k in _LAST_STEP if k in diag})
     if final:
@@ -453,6 +639,8 @@ class _Run:
     return m
 
   def _emit(self, m: Dict[str, object]):
+    if self.writer is None:  # Not the chief: the chief writes the sums.
+      return
     self.writer.write(m)
     logging.info('%s', metrics_lib.console_line(
         m, self.config.total_environment_frames))
@@ -461,11 +649,13 @@ class _Run:
 
   def _save(self):
     self.run_state.env_frames.assign(self._env_frames())
-    self.run_state.episodes.assign(self.episode_log.count)
+    self.run_state.episodes.assign(self._episodes())
     self.run_state.wall_seconds.assign(self.base_wall + time.time() - self.start_time)
-    return self.ckpt.save(int(self.learner.learner_steps.numpy()))
+    return self.save_ckpt.save(int(self.learner.learner_steps.numpy()))
 
   def save_policy(self):
+    if not self.chief:
+      return
     saved_policy.save_policy(
         self.learner.network,
         os.path.join(self.config.logdir, rundir.SAVED_POLICY_SUBDIR))

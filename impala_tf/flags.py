@@ -219,6 +219,18 @@ SECTIONS = (
               'Split the CPU into this many logical devices, one learner replica '
               'each (multi-tower learning without GPUs, for testing). 0: the CPU is '
               'one device. Range: >= 0; 0 when --num_gpus is set.'),
+        _Flag('num_learner_workers', 'int',
+              'Learner worker processes (tf.distribute.MultiWorkerMirroredStrategy '
+              'over all their replicas; each worker has its own --num_actors '
+              'actors). > 1 without TF_CONFIG: starts that many workers on this host, '
+              'TF_CONFIG on 127.0.0.1 ports (TensorFlow listens on them on all '
+              'interfaces: docs/scaling.md). A process started with a TF_CONFIG '
+              'naming several workers is that worker (this flag then must be 1 or '
+              "their number). --batch_size is the global batch. Range: >= 1."),
+        _Flag('learner_worker_timeout_secs', 'float',
+              'With several learner workers: seconds after one worker dies (or a '
+              'collective all-reduce waits for one) before the whole run is '
+              'stopped, with one line naming the worker. Range: > 0.'),
     )),
     ('loss', 'Loss', (
         _Flag('discounting', 'float',

@@ -521,16 +521,18 @@ class ImpalaActor:
     num_threads: TensorFlow intra/inter-op threads (the CPUs it reserved, >= 1).
     resumes: times the run was resumed (enters the env seeds).
     driver_versions: the driver's `local_versions()` (None: not checked).
+    id_offset: the pool's `first_actor_id` (`actor_pool.make_actor`).
   """
 
   def __init__(self, config_dict: dict, actor_id: int, restarts: int,
                observation_space, action_space, rng_state: np.ndarray, rng_alg,
                num_threads: int, resumes: int = 0,
-               driver_versions: Optional[Dict[str, str]] = None):
+               driver_versions: Optional[Dict[str, str]] = None,
+               id_offset: int = 0):
     _set_threads(num_threads)
     hide_gpus_unless_assigned()  # Never take the learner's GPUs.
     self._args = (config_dict, actor_id, restarts, observation_space, action_space,
-                  rng_state, rng_alg, resumes)
+                  rng_state, rng_alg, resumes, id_offset)
     self._actor_id = actor_id
     self._driver_versions = driver_versions
     self._broadcast = actor_lib.ParameterBroadcast()
@@ -563,13 +565,13 @@ class ImpalaActor:
   def _build(self):
     self._check_versions()
     (config_dict, actor_id, restarts, observation_space, action_space, rng_state,
-     rng_alg, resumes) = self._args
+     rng_alg, resumes, id_offset) = self._args
     config = config_lib.Config.from_dict(config_dict)
     self._rng = tf.random.Generator.from_state(rng_state, rng_alg)
     self._actor = actor_pool.make_actor(
         config, actor_id, restarts, observation_space, action_space,
         self._broadcast, None, self._episodes.extend, threading.Event(),
-        rng=self._rng, resumes=resumes)
+        rng=self._rng, resumes=resumes, id_offset=id_offset)
     self._unrolls = self._actor.unrolls()
 
   def unroll(self, version: int, weights_ref: list):
@@ -819,7 +821,7 @@ class RayActorPool(actor_pool.ActorPool):
         **self._options(), **self._placement(slot)).remote(
         self.config.to_dict(), slot.actor_id, slot.restarts, self.observation_space,
         self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes,
-        local_versions())
+        local_versions(), self.first_actor_id)
     self.spawns.append((slot.actor_id, time.monotonic()))
     slot.answered = False
     slot.pending = []

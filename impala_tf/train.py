@@ -10,6 +10,12 @@ file and line. Ctrl-C and SIGTERM stop the run cleanly within seconds, also whil
 the learner waits for stalled actors: a final checkpoint, exit status 0.
 TensorFlow's own start-up logs are off unless TF_CPP_MIN_LOG_LEVEL is set to 0 or 1
 or `--verbosity=1` is passed (`impala_tf.quiet`).
+
+Several learner workers (docs/scaling.md): a process started with a `TF_CONFIG`
+naming several workers is that worker; `--num_learner_workers=N` without a
+TF_CONFIG starts N such workers on this host and supervises them
+(`impala_tf.launcher`). A TF_CONFIG that does not parse, names a task index out
+of range, or a port that is taken, is one line and exit status 2 before any work.
 """
 
 import os
@@ -57,6 +63,14 @@ def validated_config() -> config_lib.Config:
       except config_lib.ConfigError as e:
         raise with_user_code_location(e, FLAGS.verbosity) from None
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top
+    try:  # A bad TF_CONFIG, or its port taken: one line before any work.
+      cluster = distribute.cluster_from_env(cfg.num_learner_workers)
+      if cluster is not None:
+        cfg = cfg.replace(num_learner_workers=cluster.num_workers)
+        distribute.check_port_free(
+            cluster.port, f'{distribute.TF_CONFIG} worker {cluster.index} port')
+    except distribute.ClusterError as e:
+      flags_lib.exit_with_error(str(e), PROG)
     try:
       distribute.check_gpus(cfg.num_gpus)
     except config_lib.ConfigError:
@@ -74,24 +88,50 @@ def main(argv):
           '(options are --flags)', file=sys.stderr)
     sys.exit(2)
   cfg = validated_config()
+  launched = bool(os.environ.get('IMPALA_TF_LAUNCHED_WORKER'))
+  if cfg.num_learner_workers > 1 and not os.environ.get('TF_CONFIG', '').strip():
+    # --num_learner_workers=N: this process starts the N workers and waits.
+    from impala_tf import launcher  # pylint: disable=g-import-not-at-top
+    _exit_now(launcher.launch_local(
+        argv_without_program(), cfg.num_learner_workers,
+        cfg.learner_worker_timeout_secs, PROG))
   from impala_tf import driver  # pylint: disable=g-import-not-at-top
   stop = threading.Event()
   _stop_on_signals(stop)
   try:
     result = driver.train(cfg, stop_event=stop)
   except driver.TrainingError as e:
-    print(f'{PROG}: error: {e}', file=sys.stderr)
+    # A launched worker that lost a peer says nothing: its launcher names the
+    # worker that died, in one line.
+    if not (launched and isinstance(e, driver.PeerLostError)):
+      print(f'{PROG}: error: {e}', file=sys.stderr)
+    if cfg.num_learner_workers > 1:
+      _exit_now(1)  # Not waiting for TensorFlow's collectives to unwind.
     sys.exit(1)
   except config_lib.ConfigError as e:  # E.g. a --network torso that does not fit.
     flags_lib.exit_with_error(
         f'--{with_user_code_location(e, FLAGS.verbosity)}', PROG)
   m = result.metrics
+  if cfg.num_learner_workers > 1 and not _is_chief():
+    _exit_now(0)  # The chief reports the run.
   ret = m.get('episode_return_mean')
   print(f'{PROG}: done: env_frames={m.get("env_frames")} learner_steps='
         f'{m.get("learner_steps")} episode_return_mean='
         f'{"n/a" if ret is None else round(ret, 2)} wall_seconds='
         f'{m.get("wall_seconds", 0.0):.1f} logdir={result.logdir}', flush=True)
   _exit_now(0)
+
+
+def _is_chief() -> bool:
+  """Whether this process is worker 0 of its TF_CONFIG (or has none)."""
+  from impala_tf import distribute  # pylint: disable=g-import-not-at-top
+  cluster = distribute.cluster_from_env()
+  return cluster is None or cluster.is_chief
+
+
+def argv_without_program() -> list:
+  """This process's command-line arguments, for the workers it starts."""
+  return list(sys.argv[1:])
 
 
 def _is_library_file(filename: str) -> bool:

@@ -1,0 +1,174 @@
+"""Starts learner workers on this host and supervises them (--num_learner_workers).
+
+`launch_local(args, num_workers, timeout_secs)` runs `python -m impala_tf.train
+ARGS` `num_workers` times, each with a `TF_CONFIG` naming all of them on
+127.0.0.1 ports that were free a moment before, and its own task index: the same
+program on every worker, TensorFlow's convention (`impala_tf.distribute`). Worker
+0 is the chief and writes the run directory. The launcher:
+
+* prints one line at start naming the ports, which TensorFlow's gRPC server opens
+  on all interfaces (it has no bind-address option; docs/scaling.md);
+* forwards SIGINT and SIGTERM to every worker; they agree to stop at the same
+  learner step through the strategy, checkpoint and exit;
+* when a worker dies (an exit status other than 0, or a signal) while others run,
+  prints one line naming it, sends SIGTERM to the others and kills (SIGKILL) any
+  still running `timeout_secs` after the death; the same deadline applies after a
+  forwarded signal and after a worker ends normally while others go on;
+* leaves no worker behind: each worker also gets SIGTERM if the launcher itself
+  dies (Linux `PR_SET_PDEATHSIG`).
+
+This module reads no flags; `impala_tf.train` calls it.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence
+
+from impala_tf import distribute
+
+LAUNCHED_ENV = distribute.LAUNCHED_ENV
+
+_POLL_SECS = 0.1
+
+
+def _die_with_parent():  # Runs in the child between fork and exec.
+  try:
+    libc = ctypes.CDLL('libc.so.6', use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass  # Not Linux: the launcher's own handlers still stop the workers.
+
+
+def _describe(returncode: int) -> str:
+  if returncode < 0:
+    try:
+      name = signal.Signals(-returncode).name
+    except ValueError:
+      name = f'signal {-returncode}'
+    return f'was killed by {name}'
+  return f'exited with status {returncode}'
+
+
+def worker_commands(args: Sequence[str], num_workers: int,
+                    ports: Sequence[int]) -> List[dict]:
+  """The command and environment of each worker.
+
+  Args:
+    args: the command-line arguments to repeat (flags, no program name).
+    num_workers: N.
+    ports: N ports on 127.0.0.1.
+
+  Returns:
+    N dicts with `argv` (list of str) and `env` (the environment: this one plus
+    TF_CONFIG and LAUNCHED_ENV).
+  """
+  cluster = distribute.Cluster(tuple(f'127.0.0.1:{p}' for p in ports), 0)
+  out = []
+  for i in range(num_workers):
+    env = dict(os.environ)
+    env[distribute.TF_CONFIG] = cluster.tf_config(i)
+    env[LAUNCHED_ENV] = '1'
+    out.append({'argv': [sys.executable, '-m', 'impala_tf.train'] + list(args),
+                'env': env})
+  return out
+
+
+def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
+                 prog: str = 'impala_tf.train',
+                 ports: Optional[Sequence[int]] = None) -> int:
+  """Runs and supervises the workers (module docstring); returns an exit status.
+
+  Args:
+    args: the flags every worker gets (the launcher's own command line).
+    num_workers: N >= 2.
+    timeout_secs: --learner_worker_timeout_secs.
+    prog: the program name of the one-line messages.
+    ports: the workers' ports (default: free ones, chosen now).
+
+  Returns:
+    0 when every worker exited with 0, else 1.
+  """
+  ports = list(ports) if ports else distribute.free_local_ports(num_workers)
+  print(distribute.exposure_line(ports), flush=True)
+  procs: List[subprocess.Popen] = []
+  lock = threading.Lock()
+  state = {'deadline': None, 'signal': None}
+
+  def forward(signum, frame):
+    del frame
+    with lock:
+      state['signal'] = signum
+      if state['deadline'] is None:
+        state['deadline'] = time.monotonic() + timeout_secs
+      for p in procs:
+        if p.poll() is None:
+          try:
+            p.send_signal(signum)
+          except OSError:
+            pass
+
+  old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+  failed = False
+  try:
+    for spec in worker_commands(args, num_workers, ports):
+      with lock:
+        # Its own session: a terminal's Ctrl-C reaches the launcher, which
+        # forwards it once.
+        procs.append(subprocess.Popen(spec['argv'], env=spec['env'],
+                                      start_new_session=True,
+                                      preexec_fn=_die_with_parent))
+    reported = set()
+    while True:
+      codes = [p.poll() for p in procs]
+      if all(c is not None for c in codes):
+        break
+      now = time.monotonic()
+      for i, code in enumerate(codes):
+        if code is None or i in reported:
+          continue
+        reported.add(i)
+        with lock:
+          if state['deadline'] is None:
+            state['deadline'] = now + timeout_secs
+        if code != 0 and not failed:
+          failed = True
+          print(f'{prog}: error: learner worker {i} (pid {procs[i].pid}) '
+                f'{_describe(code)}; stopping the other '
+                f'{sum(c is None for c in codes)} worker(s) within '
+                f'{timeout_secs:g} s (--learner_worker_timeout_secs); the newest '
+                'checkpoint is kept: rerun the same command to resume',
+                file=sys.stderr, flush=True)
+          for p in procs:
+            if p.poll() is None:
+              try:
+                p.terminate()
+              except OSError:
+                pass
+      if state['deadline'] is not None and now >= state['deadline']:
+        late = [i for i, p in enumerate(procs) if p.poll() is None]
+        for i in late:
+          procs[i].kill()
+        for i in late:
+          procs[i].wait()
+        if late and not failed:
+          print(f'{prog}: error: learner worker(s) {", ".join(map(str, late))} did '
+                f'not stop within {timeout_secs:g} s '
+                '(--learner_worker_timeout_secs); killed', file=sys.stderr,
+                flush=True)
+        failed = failed or bool(late)
+        break
+      time.sleep(_POLL_SECS)
+  finally:
+    for p in procs:  # An exception above: leave nothing behind.
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+    for s, handler in old.items():
+      signal.signal(s, handler)
+  codes = [p.returncode for p in procs]
+  return 0 if not failed and all(c == 0 for c in codes) else 1

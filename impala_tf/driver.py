@@ -449,7 +449,9 @@ class _Run:
     finally:
       stopper.join()
     if fatal():
-      raise TrainingError(str(fatal()[0])) from fatal()[0]
+      kind = (PeerLostError if isinstance(fatal()[0], PeerLostError) else
+              TrainingError)
+      raise kind(str(fatal()[0])) from fatal()[0]
     return RunResult(final, config.logdir, reached_target, interrupted)
 
   def _end_data_on_stop(self, loop_done: threading.Event):

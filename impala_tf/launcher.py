@@ -30,6 +30,7 @@ import time
 from typing import List, Optional, Sequence
 
 from impala_tf import distribute
+from impala_tf import quiet
 
 LAUNCHED_ENV = distribute.LAUNCHED_ENV
 
@@ -73,6 +74,12 @@ def worker_commands(args: Sequence[str], num_workers: int,
     env = dict(os.environ)
     env[distribute.TF_CONFIG] = cluster.tf_config(i)
     env[LAUNCHED_ENV] = '1'
+    # TensorFlow's C++ errors when a peer dies (several lines per worker) would
+    # bury the launcher's one line naming the worker; TF_CPP_MIN_LOG_LEVEL set
+    # by the user is kept.
+    if not quiet.user_set_level():
+      env[quiet.LEVEL_VAR] = '3'
+      env.pop(quiet.MARK_VAR, None)  # The worker keeps 3 as if the user set it.
     out.append({'argv': [sys.executable, '-m', 'impala_tf.train'] + list(args),
                 'env': env})
   return out

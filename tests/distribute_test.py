@@ -7,10 +7,12 @@ a subprocess that prints JSON.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -166,3 +168,216 @@ def test_two_virtual_cpu_devices_in_a_subprocess(tmp_path):
 
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))
+
+
+# ---------------------------------------------------------------------------
+# Several learner workers: TF_CONFIG, ports, and the tower invariant across
+# processes.
+
+def _tf_config(workers, index, task_type='worker'):
+  return json.dumps({'cluster': {'worker': workers},
+                     'task': {'type': task_type, 'index': index}})
+
+
+def test_parse_tf_config_gives_the_workers_and_this_task():
+  c = distribute.parse_tf_config(_tf_config(['10.0.0.1:2222', '10.0.0.2:2223'], 1))
+  assert c.workers == ('10.0.0.1:2222', '10.0.0.2:2223')
+  assert (c.index, c.num_workers, c.port, c.is_chief) == (1, 2, 2223, False)
+  # Each worker's TF_CONFIG names the same cluster and its own index.
+  again = distribute.parse_tf_config(c.tf_config(0))
+  assert again.workers == c.workers and again.index == 0 and again.is_chief
+
+
+@pytest.mark.parametrize('text, match', [
+    ('{"cluster": ', 'TF_CONFIG is not JSON'),
+    ('[1]', 'must be a JSON object with a "cluster" object'),
+    (_tf_config(['a:1', 'b:2'], 2), r'task index 2 is out of range: the cluster has '
+     r'2 worker\(s\), indices 0\.\.1'),
+    (_tf_config(['a:1', 'b:2'], -1), 'task index -1 is out of range'),
+    (_tf_config(['a:1', 'b:2'], 0, 'ps'), 'task must be'),
+    (_tf_config(['a:1', 'b'], 0), "worker 'b' is not \"host:port\""),
+    (_tf_config(['a:1', 'b:70000'], 0), "worker 'b:70000' is not"),
+    (_tf_config(['a:1', 'a:1'], 0), 'names a worker address twice'),
+    (_tf_config([], 0), 'must be a non-empty list'),
+    (json.dumps({'cluster': {'chief': ['a:1'], 'worker': ['b:2']},
+                 'task': {'type': 'worker', 'index': 0}}), 'has job\\(s\\) chief'),
+])
+def test_bad_tf_config_is_one_line_naming_the_problem(text, match):
+  with pytest.raises(distribute.ClusterError, match=match) as e:
+    distribute.parse_tf_config(text)
+  assert '\n' not in str(e.value)
+
+
+def test_cluster_from_env():
+  two = _tf_config(['a:1', 'b:2'], 1)
+  assert distribute.cluster_from_env(1, {}) is None
+  assert distribute.cluster_from_env(1, {'TF_CONFIG': ' '}) is None
+  # One worker is the single-process learner.
+  assert distribute.cluster_from_env(1, {'TF_CONFIG': _tf_config(['a:1'], 0)}) is None
+  assert distribute.cluster_from_env(1, {'TF_CONFIG': two}).index == 1
+  assert distribute.cluster_from_env(2, {'TF_CONFIG': two}).num_workers == 2
+  with pytest.raises(distribute.ClusterError,
+                     match='--num_learner_workers=3 but TF_CONFIG names 2'):
+    distribute.cluster_from_env(3, {'TF_CONFIG': two})
+
+
+def test_port_in_use_is_named():
+  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  try:
+    sock.bind(('0.0.0.0', 0))
+    sock.listen(1)
+    port = sock.getsockname()[1]
+    with pytest.raises(distribute.ClusterError,
+                       match=f'TF_CONFIG worker 0 port {port} cannot be opened'):
+      distribute.check_port_free(port, 'TF_CONFIG worker 0 port')
+  finally:
+    sock.close()
+  distribute.check_port_free(port)  # Free again.
+  ports = distribute.free_local_ports(3)
+  assert len(set(ports)) == 3 and all(0 < p < 65536 for p in ports)
+
+
+def test_exposure_line_names_every_port_on_all_interfaces():
+  line = distribute.exposure_line([23456, 23457])
+  assert '\n' not in line
+  assert '[::]:23456, [::]:23457' in line and 'ALL network interfaces' in line
+  assert 'firewall' in line and 'docs/scaling.md' in line
+
+
+def test_worker_seed_differs_per_worker_and_keeps_worker_0():
+  assert distribute.worker_seed(5, 0) == 5
+  seeds = {distribute.worker_seed(5, i) for i in range(8)}
+  assert len(seeds) == 8 and all(0 <= s < 2**31 for s in seeds)
+
+
+_WORKERS_SCRIPT = textwrap.dedent("""\
+    import json, sys
+    import numpy as np
+    from impala_tf import config as config_lib
+    from impala_tf import distribute
+
+    mode, cases_path = sys.argv[1], sys.argv[2]
+    if mode == 'devices':  # 1 worker x 2 devices.
+      distribute.configure_devices(num_virtual_cpu_devices=2)
+      strategy = distribute.get_strategy(num_virtual_cpu_devices=2)
+      index, workers = 0, 1
+    else:  # This process is one of 2 workers x 1 device (TF_CONFIG).
+      cluster = distribute.cluster_from_env(2)
+      strategy = distribute.get_strategy(cluster=cluster, timeout_secs=60)
+      index, workers = cluster.index, cluster.num_workers
+    import gymnasium as gym
+    from impala_tf import data
+    from impala_tf import learner as learner_lib
+    from impala_tf import networks
+
+    total = distribute.sum_over_workers(strategy)([index + 1.0, 10.0])
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+    out = {'replicas': strategy.num_replicas_in_sync,
+           'local': distribute.local_replicas(strategy),
+           'workers': distribute.num_workers(strategy), 'sum': total.tolist()}
+    for name, case in json.load(open(cases_path)).items():
+      cfg = config_lib.Config.from_dict(case['config'])
+      arrays = dict(np.load(case['batch']))
+      # This worker's share of the global batch, as the driver feeds it.
+      per = cfg.batch_size // workers
+      arrays = {k: v[index * per:(index + 1) * per] for k, v in arrays.items()}
+      signature = data.unroll_signature(
+          (3,), np.float32, 3, cfg.unroll_length,
+          [cfg.lstm_size] * 2 if cfg.use_lstm else [])
+      learner = learner_lib.Learner(
+          cfg, lambda: networks.make_network(cfg, obs_space, action_space), strategy)
+      learner.learner_steps.assign(5)
+      chunks = iter([arrays])
+      source = data.ChunkSource(lambda: next(chunks, None), None)
+      dist = data.distribute(strategy, lambda: data.build_dataset(
+          source, signature, batch_size=per,
+          num_replicas=distribute.local_replicas(strategy)))
+      w0 = learner.get_weights()
+      diags = learner.step(next(iter(dist)))
+      out[name] = dict(
+          w0=[w.tolist() for w in w0],
+          weights=[w.tolist() for w in learner.get_weights()],
+          diags={k: float(v) for k, v in diags.items()},
+          counters=[int(learner.learner_steps.numpy()),
+                    int(learner.consumed_frames.numpy()),
+                    int(learner.trained_frames.numpy())])
+    print('RESULT ' + json.dumps(out), flush=True)
+""")
+
+
+def test_two_workers_give_the_update_of_two_devices(tmp_path):
+  """The tower invariant across processes: 2 workers x 1 device (127.0.0.1)
+  apply the same update as 1 worker x 2 devices on the same batch."""
+  import learner_test  # pylint: disable=g-import-not-at-top
+  specs = {
+      # PopArt's statistics and the mean's count from the whole batch, one clip.
+      'popart_mean': dict(optimizer='adam', learning_rate=0.01, grad_clip=1e-3,
+                          popart=True, popart_beta=0.3, loss_reduction='mean'),
+      'rmsprop_lstm': dict(optimizer='rmsprop', learning_rate=0.05, grad_clip=0.5,
+                           use_lstm=True, entropy_cost=0.05),
+  }
+  cases = {}
+  for i, (name, kw) in enumerate(specs.items()):
+    cfg = learner_test._config(**kw)  # pylint: disable=protected-access
+    batch = learner_test.make_batch(
+        seed=20 + i, lstm_size=cfg.lstm_size if cfg.use_lstm else 0)
+    np.savez(tmp_path / f'{name}.npz', **batch)
+    cases[name] = dict(config=cfg.to_dict(), batch=str(tmp_path / f'{name}.npz'))
+  (tmp_path / 'cases.json').write_text(json.dumps(cases))
+  script = tmp_path / 'workers_check.py'
+  script.write_text(_WORKERS_SCRIPT)
+  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  env.pop('TF_CONFIG', None)
+  ports = distribute.free_local_ports(2)
+  workers = [f'127.0.0.1:{p}' for p in ports]
+  procs = []
+  try:
+    for i in range(2):
+      procs.append(subprocess.Popen(
+          [sys.executable, str(script), 'worker', str(tmp_path / 'cases.json')],
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=_REPO,
+          env=dict(env, TF_CONFIG=_tf_config(workers, i))))
+    devices = subprocess.run(
+        [sys.executable, str(script), 'devices', str(tmp_path / 'cases.json')],
+        capture_output=True, text=True, env=env, cwd=_REPO, timeout=120,
+        check=False)
+    outputs = [p.communicate(timeout=120) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+  def result(stdout, stderr, code):
+    lines = [l for l in stdout.splitlines() if l.startswith('RESULT ')]
+    assert code == 0 and lines, stdout[-2000:] + stderr[-4000:]
+    return json.loads(lines[-1][len('RESULT '):])
+  ref = result(devices.stdout, devices.stderr, devices.returncode)
+  runs = [result(o, e, p.returncode) for (o, e), p in zip(outputs, procs)]
+  assert (ref['replicas'], ref['local'], ref['workers']) == (2, 2, 1)
+  for r in runs:
+    assert (r['replicas'], r['local'], r['workers']) == (2, 1, 2)
+    assert r['sum'] == [3.0, 20.0]  # Each worker's vector counts once.
+  for name in specs:
+    one = ref[name]
+    for r in runs:
+      two = r[name]
+      for a, b in zip(one['w0'], two['w0']):  # Same seeded start.
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+      moved = max(np.max(np.abs(np.array(a) - np.array(b)))
+                  for a, b in zip(one['weights'], one['w0']))
+      assert moved > 1e-4, name
+      for a, b in zip(one['weights'], two['weights']):
+        np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+      assert set(one['diags']) == set(two['diags'])
+      for k in one['diags']:
+        np.testing.assert_allclose(two['diags'][k], one['diags'][k], rtol=1e-5,
+                                   atol=1e-5, err_msg=f'{name}: {k}')
+      assert two['diags']['grad_norm'] > specs[name]['grad_clip']  # Clipped.
+      # Lags 0, 2, 1, 4: the max is in worker 1's half, the sum over both.
+      assert two['diags']['policy_lag_max'] == 4
+      assert two['diags']['policy_lag_sum'] == 7
+      assert two['counters'] == one['counters'] == [6, 2 * 5, 4 * 5]

@@ -1,0 +1,106 @@
+"""Tests for impala_tf.launcher: the workers' TF_CONFIG, supervision, signals.
+
+The workers here are small Python scripts (no TensorFlow), so the supervision is
+checked in seconds; tests/train_test.py runs real workers end to end.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from impala_tf import distribute
+from impala_tf import launcher
+from impala_tf import quiet
+
+
+def test_worker_commands_name_the_cluster_and_each_index(monkeypatch):
+  monkeypatch.delenv(quiet.LEVEL_VAR, raising=False)
+  specs = launcher.worker_commands(['--logdir=/tmp/x', '--num_learner_workers=2'], 2,
+                                   [23456, 23457])
+  assert len(specs) == 2
+  for i, spec in enumerate(specs):
+    assert spec['argv'] == [sys.executable, '-m', 'impala_tf.train',
+                            '--logdir=/tmp/x', '--num_learner_workers=2']
+    tf_config = json.loads(spec['env']['TF_CONFIG'])
+    assert tf_config == {'cluster': {'worker': ['127.0.0.1:23456', '127.0.0.1:23457']},
+                         'task': {'type': 'worker', 'index': i}}
+    assert distribute.parse_tf_config(spec['env']['TF_CONFIG']).index == i
+    assert spec['env'][launcher.LAUNCHED_ENV] == '1'
+    # TensorFlow's C++ errors off unless the user set a level.
+    assert spec['env'][quiet.LEVEL_VAR] == '3'
+  monkeypatch.setenv(quiet.LEVEL_VAR, '0')
+  monkeypatch.delenv(quiet.MARK_VAR, raising=False)
+  assert launcher.worker_commands([], 2, [1, 2])[0]['env'][quiet.LEVEL_VAR] == '0'
+
+
+def _fake_workers(monkeypatch, bodies):
+  """Makes the launcher start `python -c BODY` for each worker."""
+  def commands(args, num_workers, ports):
+    del args, ports
+    assert num_workers == len(bodies)
+    return [{'argv': [sys.executable, '-c', body], 'env': dict(os.environ)}
+            for body in bodies]
+  monkeypatch.setattr(launcher, 'worker_commands', commands)
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+def test_a_dead_worker_stops_the_others_within_the_timeout(monkeypatch, capsys,
+                                                          tmp_path):
+  pid_file = tmp_path / 'pid'
+  stubborn = ('import os, signal, time\n'
+              'signal.signal(signal.SIGTERM, signal.SIG_IGN)\n'
+              f'open({str(pid_file)!r}, "w").write(str(os.getpid()))\n'
+              'time.sleep(120)\n')
+  dies = 'import time, sys\ntime.sleep(1.0)\nsys.exit(3)\n'
+  _fake_workers(monkeypatch, [stubborn, dies])
+  start = time.monotonic()
+  code = launcher.launch_local([], 2, timeout_secs=2.0, prog='prog',
+                               ports=[1, 2])
+  took = time.monotonic() - start
+  assert code == 1
+  assert took < 1.0 + 2.0 + 2.0, took  # The death, the timeout, slack.
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1, err
+  assert err[0].startswith('prog: error: learner worker 1 (pid ')
+  assert 'exited with status 3; stopping the other 1 worker(s) within 2 s' in err[0]
+  assert not _alive(int(pid_file.read_text()))  # Killed, not left behind.
+
+
+def test_signals_are_forwarded_and_a_clean_stop_exits_0(monkeypatch, tmp_path):
+  body = ('import signal, sys, time\n'
+          'def stop(signum, frame):\n'
+          f'  open({str(tmp_path)!r} + "/w%d" % {{i}}, "w").write(str(signum))\n'
+          '  sys.exit(0)\n'
+          'signal.signal(signal.SIGTERM, stop)\n'
+          'signal.signal(signal.SIGINT, stop)\n'
+          'time.sleep(60)\n')
+  _fake_workers(monkeypatch, [body.replace('{i}', str(i)) for i in range(2)])
+  timer = threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGTERM))
+  timer.start()
+  try:
+    code = launcher.launch_local([], 2, timeout_secs=20.0, prog='prog', ports=[1, 2])
+  finally:
+    timer.cancel()
+  assert code == 0
+  for i in range(2):
+    assert (tmp_path / f'w{i}').read_text() == str(int(signal.SIGTERM))
+  # The launcher's own handlers are restored.
+  assert signal.getsignal(signal.SIGTERM) is not launcher.launch_local
+
+
+@pytest.mark.parametrize('code, text', [(-9, 'was killed by SIGKILL'),
+                                        (2, 'exited with status 2')])
+def test_describe(code, text):
+  assert launcher._describe(code) == text  # pylint: disable=protected-access

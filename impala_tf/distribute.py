@@ -27,7 +27,9 @@ bind-address option): `exposure_line` says so at start (docs/scaling.md).
 import dataclasses
 import json
 import os
+import signal
 import socket
+import threading
 from typing import Callable, List, Optional, Sequence
 
 from absl import logging
@@ -266,9 +268,25 @@ def configure_devices(num_virtual_cpu_devices: int = 0, num_gpus: int = 0):
           'before any TensorFlow op runs (e.g. in a fresh process)') from None
 
 
+def _restore_python_sigterm_handler() -> None:
+  """Puts back the Python SIGTERM handler that TensorFlow's coordination service
+  replaced.
+
+  Creating a MultiWorkerMirroredStrategy installs a C-level SIGTERM handler (its
+  preemption notifier) in place of Python's: a handler the program installed
+  (impala_tf.train stops cleanly on SIGTERM) is then never called, and the
+  process ignores or dies of SIGTERM (measured, TF 2.21). Re-installing the
+  Python handler restores it. Only the main thread can do this.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    return
+  handler = signal.getsignal(signal.SIGTERM)
+  if handler is not None:
+    signal.signal(signal.SIGTERM, handler)
+
+
 def get_strategy(num_gpus: int = 0, num_virtual_cpu_devices: int = 0,
-                 cluster: Optional[Cluster] = None,
-                 timeout_secs: Optional[float] = None) -> tf.distribute.Strategy:
+                 cluster: Optional[Cluster] = None) -> tf.distribute.Strategy:
   """Returns the learner's strategy (see the module docstring).
 
   Args:
@@ -276,18 +294,22 @@ def get_strategy(num_gpus: int = 0, num_virtual_cpu_devices: int = 0,
     num_virtual_cpu_devices: logical CPU devices (one worker only).
     cluster: from `cluster_from_env`; several workers give a
       MultiWorkerMirroredStrategy (created before any other TensorFlow op).
-    timeout_secs: with a cluster, seconds a collective waits for the other
-      workers before it fails (a dead worker then stops the survivors).
+
+  A worker whose peer died learns it from the strategy's health check (its
+  collectives fail with UnavailableError, ~10-30 s after the death). No collective
+  timeout is set: TensorFlow keeps a thread per collective with a timeout until
+  that timeout passes (measured: thousands of threads within a minute at ~200
+  steps/s, then `std::system_error` aborted the process).
   """
   if cluster is not None and cluster.num_workers > 1:
     os.environ[TF_CONFIG] = cluster.tf_config()
     comm = tf.distribute.experimental.CommunicationOptions(
         implementation=(tf.distribute.experimental.CommunicationImplementation.NCCL
                         if num_gpus else
-                        tf.distribute.experimental.CommunicationImplementation.RING),
-        timeout_seconds=timeout_secs)
+                        tf.distribute.experimental.CommunicationImplementation.RING))
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=comm)
+    _restore_python_sigterm_handler()
     have = strategy.extended.worker_devices
     want = max(num_gpus, 1)
     if len(have) != want:

@@ -170,8 +170,7 @@ def train(config: config_lib.Config,
       print(distribute.exposure_line([cluster.port]), flush=True)
     # A MultiWorkerMirroredStrategy must come before any other TensorFlow op.
     strategy = distribute.get_strategy(
-        config.num_gpus, config.num_virtual_cpu_devices, cluster,
-        config.learner_worker_timeout_secs)
+        config.num_gpus, config.num_virtual_cpu_devices, cluster)
     run = _Run(config, stop_event or threading.Event(), on_metrics, strategy,
                cluster)
     try:

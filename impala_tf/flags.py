@@ -228,9 +228,10 @@ SECTIONS = (
               'naming several workers is that worker (this flag then must be 1 or '
               "their number). --batch_size is the global batch. Range: >= 1."),
         _Flag('learner_worker_timeout_secs', 'float',
-              'With several learner workers: seconds after one worker dies (or a '
-              'collective all-reduce waits for one) before the whole run is '
-              'stopped, with one line naming the worker. Range: > 0.'),
+              'With --num_learner_workers > 1 (started on this host): seconds '
+              'after one worker dies, or after a forwarded Ctrl-C / SIGTERM, before '
+              'workers still running are killed; the death is one line naming the '
+              'worker. Range: > 0.'),
     )),
     ('loss', 'Loss', (
         _Flag('discounting', 'float',

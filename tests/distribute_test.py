@@ -263,7 +263,7 @@ _WORKERS_SCRIPT = textwrap.dedent("""\
       index, workers = 0, 1
     else:  # This process is one of 2 workers x 1 device (TF_CONFIG).
       cluster = distribute.cluster_from_env(2)
-      strategy = distribute.get_strategy(cluster=cluster, timeout_secs=60)
+      strategy = distribute.get_strategy(cluster=cluster)
       index, workers = cluster.index, cluster.num_workers
     import gymnasium as gym
     from impala_tf import data

@@ -614,5 +614,67 @@ def test_sigterm_while_the_actors_are_stalled_stops_within_seconds(tmp_path):
   assert last['learner_steps'] == 0, last
 
 
+def test_bad_tf_config_exits_with_one_line_before_any_work(tmp_path):
+  logdir = tmp_path / 'run'
+  env = dict(_env(), TF_CONFIG=json.dumps(
+      {'cluster': {'worker': ['127.0.0.1:1', '127.0.0.1:2']},
+       'task': {'type': 'worker', 'index': 2}}))
+  proc = subprocess.run(_train_cmd(*TINY, f'--logdir={logdir}'), cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert _own_stderr_lines(proc.stderr) == [
+      f'{PROG}: error: TF_CONFIG task index 2 is out of range: the cluster has 2 '
+      'worker(s), indices 0..1'], proc.stderr[-2000:]
+  assert not logdir.exists()
+
+
+def test_two_learner_workers_train_resume_and_leave_nothing_behind(tmp_path):
+  logdir = str(tmp_path / 'run')
+  args = TINY + ['--num_learner_workers=2', '--total_environment_frames=3000',
+                 '--checkpoint_interval_secs=1', f'--logdir={logdir}']
+  proc = _run(args, timeout=150)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-4000:]
+  ports = re.findall(r'\[::\]:(\d+)', proc.stdout.splitlines()[0])
+  assert len(ports) == 2 and 'ALL network interfaces' in proc.stdout, out[-3000:]
+  assert proc.stdout.count(f'{PROG}: done:') == 1  # The chief reports the run.
+  for name in ('config.json', 'metrics.jsonl', 'saved_policy/saved_model.pb',
+               'checkpoints/checkpoint'):
+    assert os.path.exists(os.path.join(logdir, name)), name
+  assert json.load(open(os.path.join(logdir, 'config.json')))[
+      'num_learner_workers'] == 2
+  last = _metrics(logdir)[-1]
+  assert last['final'] and last['num_learner_workers'] == 2, last
+  assert last['num_replicas'] == 2
+  # Frames over both workers: each step trains the global batch of 4 unrolls.
+  assert last['trained_frames'] == last['learner_steps'] * 4 * 5
+  assert last['consumed_frames'] + last['replayed_frames'] == last['trained_frames']
+  assert 3000 <= last['env_frames'] and last['consumed_frames'] <= last['env_frames']
+  assert last['episodes'] >= 1
+  assert not _processes_mentioning(logdir)
+  # Again with a larger budget: resumes, counters continue; SIGTERM stops all.
+  log_path = tmp_path / 'resume.log'
+  resumed = _start([a.replace('--total_environment_frames=3000',
+                              '--total_environment_frames=10000000') for a in args],
+                   log_path)
+  try:
+    _wait_for(lambda: len(_metrics(logdir)) > 1 and _metrics(logdir)[-1].get(
+        'learner_steps', 0) > last['learner_steps'] + 5, resumed, 120,
+              'learner steps after the resume')
+    resumed.send_signal(signal.SIGTERM)
+    resumed.wait(timeout=60)
+  finally:
+    if resumed.poll() is None:
+      resumed.kill()
+  log = log_path.read_text(encoding='utf-8')
+  assert resumed.returncode == 0, log[-4000:]
+  assert f'resuming from {logdir}/checkpoints/ckpt-{last["learner_steps"]}' in log
+  final = _metrics(logdir)[-1]
+  assert final['final'] and final['interrupted'], final
+  assert final['env_frames'] > last['env_frames']
+  assert final['episodes'] > last['episodes']
+  assert not _processes_mentioning(logdir)
+
+
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))

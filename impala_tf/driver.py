@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import threading
 import time
 from typing import Callable, Dict, Optional, Tuple
@@ -305,8 +304,11 @@ class _Run:
     self.save_ckpt = self.ckpt
     if not self.chief:
       # TensorFlow's protocol: every worker saves, the others to a temporary
-      # directory that is deleted.
-      self.tmpdir = tempfile.mkdtemp(prefix=f'impala_tf_worker{self.worker_index}_')
+      # directory that is deleted at the end.
+      # `workertemp_I` in --logdir, TensorFlow's name: a worker killed before
+      # it deleted it leaves it where the next run replaces it.
+      self.tmpdir = os.path.join(config.logdir, f'workertemp_{self.worker_index}')
+      shutil.rmtree(self.tmpdir, ignore_errors=True)
       self.save_ckpt = checkpoints.Checkpointer(self.tmpdir, 1, optional=optional,
                                                 **trackables)
     self.restored = self._restore()

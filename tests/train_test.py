@@ -652,6 +652,7 @@ def test_two_learner_workers_train_resume_and_leave_nothing_behind(tmp_path):
   assert 3000 <= last['env_frames'] and last['consumed_frames'] <= last['env_frames']
   assert last['episodes'] >= 1
   assert not _processes_mentioning(logdir)
+  assert not os.path.exists(os.path.join(logdir, 'workertemp_1'))  # Deleted.
   # Again with a larger budget: resumes, counters continue; SIGTERM stops all.
   log_path = tmp_path / 'resume.log'
   resumed = _start([a.replace('--total_environment_frames=3000',

@@ -36,6 +36,10 @@ import time
 SETTINGS = {
     'default': [],
     'sgd4': ['--num_sgd_iter=4'],
+    # The same with k learner steps per call (fewer Python-to-TensorFlow calls).
+    'calls4': ['--learner_steps_per_call=4'],
+    'calls8': ['--learner_steps_per_call=8'],
+    'sgd4_calls8': ['--num_sgd_iter=4', '--learner_steps_per_call=8'],
 }
 
 

@@ -33,6 +33,7 @@ LOSS_REDUCTIONS = ('sum', 'mean')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
 ENV_BACKENDS = ('auto', 'gymnasium', 'envpool')
 ACTOR_BACKENDS = ('threads', 'ray')
+LEARNER_JIT = ('auto', 'on', 'off')
 
 RESOURCES_ALLOWED = (
     'must be a JSON object of Ray resource names to numbers >= 0, e.g. '
@@ -247,6 +248,8 @@ class Config:
   learner_queue_size: int = 1
   learner_queue_timeout: float = 300.0
   # Learner and devices.
+  learner_steps_per_call: int = 1
+  learner_jit: str = 'auto'
   num_gpus: int = 0
   num_virtual_cpu_devices: int = 0
   num_learner_workers: int = 1
@@ -475,6 +478,8 @@ _RULES = {
                                 'must be an integer >= 0 (unrolls kept for replay)'),
     'learner_queue_size': _ints(1),
     'learner_queue_timeout': _positive('a number of seconds'),
+    'learner_steps_per_call': _ints(1),
+    'learner_jit': _one_of(LEARNER_JIT),
     'num_gpus': _ints(0),
     'num_virtual_cpu_devices': (
         (lambda v: v >= 0),
@@ -558,6 +563,12 @@ def _validate(c: Config):
           f'(num_gpus={c.num_gpus}, num_virtual_cpu_devices='
           f'{c.num_virtual_cpu_devices}, num_learner_workers={c.num_learner_workers}) '
           'so no unroll is dropped; use a multiple of the replica count')
+  require(c.learner_jit != 'on' or c.num_replicas_in_sync == 1 or not (
+      c.popart or c.loss_reduction == 'mean' or c.normalize_advantages),
+          'learner_jit',
+          f"must be 'auto' or 'off' with {c.num_replicas_in_sync} learner replicas "
+          'and --popart, --loss_reduction=mean or --normalize_advantages (they sum '
+          'over the replicas before the gradient, which XLA cannot compile)')
   require(c.shared_torso or (c.network in ('auto', 'mlp') and not c.use_lstm),
           'shared_torso',
           'must be True unless --network is mlp or auto (vector observations) and '

@@ -210,7 +210,10 @@ class _Window:
     self.steps = self.clipped = 0
 
   def add(self, out: Dict[str, tf.Tensor], step_secs: Optional[float]):
-    """One learner step's output; step_secs None leaves it out of the wait split."""
+    """One learner call's output (`out['steps']` steps, their sums and maximum).
+
+    step_secs None leaves the call out of the wait split.
+    """
     if step_secs is not None:
       data_wait = float(out['data_wait_seconds'])
       self.wait += data_wait
@@ -218,7 +221,7 @@ class _Window:
     self.lag_sum += float(out['policy_lag_sum'])
     self.num_unrolls += float(out['num_unrolls'])
     self.lag_max = max(self.lag_max, float(out['policy_lag_max']))
-    self.steps += 1
+    self.steps += int(out['steps'])
     self.clipped += float(out['grad_clipped'])
 
   def metrics(self, frames: int) -> Dict[str, float]:
@@ -503,18 +506,18 @@ class _Run:
       try:
         self.out = learner.step_from_iterator(iterator)
       except (StopIteration, tf.errors.OutOfRangeError):
-        # The step's counter increment does not wait for the batch, so a step
-        # that found no batch may have counted itself: undo that.
-        learner.learner_steps.assign(base_learner_steps + steps_run)
+        # A call that found no batch made no step and changed no counter.
         # The data ends when the run is stopping: by request (interrupted), or
         # because the actor pool failed (its error is raised by `train`).
         return False, self.stop.is_set() and not self.pool.error
       weights = self.out.pop('weights')
-      steps_run = self.steps_run = steps_run + 1
+      made = int(self.out['steps'])  # learner_steps_per_call, or fewer at the end.
+      steps_run = self.steps_run = steps_run + made
       version = base_learner_steps + steps_run
-      if version % config.broadcast_interval == 0:
+      interval = config.broadcast_interval
+      if version // interval > (version - made) // interval:
         # The weights came back with the step: no second call, no variable reads.
-        self.pool.publish(version, [w.numpy() for w in weights])
+        self.pool.publish(version, weights)
       step_secs = time.perf_counter() - t0
       if self.first_step_secs is None:  # Tracing: not part of the wait split.
         self.first_step_unix = time.time()
@@ -538,7 +541,9 @@ class _Run:
         last_ckpt = now
         self._save()
       if steps_run % ring:
-        continue  # Stop only at the end of a reuse ring.
+        # Stop only at the end of a reuse ring (with learner_steps_per_call = k:
+        # at a multiple of both k and the ring).
+        continue
       if self.multi and (steps_run // ring) % self.agree_rings:
         continue  # Workers agree every AGREE_EVERY_STEPS steps (whole rings).
       if self.multi:  # Stop and checkpoint where every worker agrees to.

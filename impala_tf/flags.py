@@ -63,6 +63,7 @@ _ENUM_VALUES = {
     'env_vectorization': config_lib.ENV_VECTORIZATIONS,
     'env_backend': config_lib.ENV_BACKENDS,
     'actor_backend': config_lib.ACTOR_BACKENDS,
+    'learner_jit': config_lib.LEARNER_JIT,
     'reward_clipping': config_lib.REWARD_CLIPPINGS,
     'loss_reduction': config_lib.LOSS_REDUCTIONS,
     'optimizer': config_lib.OPTIMIZERS,
@@ -211,6 +212,19 @@ SECTIONS = (
               'error (RLlib: learner_queue_timeout). Range: > 0.'),
     )),
     ('learner', 'Learner and devices', (
+        _Flag('learner_steps_per_call', 'int',
+              'Learner steps per call into TensorFlow: k steps run in one '
+              'tf.while_loop over the data iterator, so the Python-to-TensorFlow '
+              'call, the weights published to the actors and the metrics read are '
+              'paid once per k steps (Keras: steps_per_execution). The update is the '
+              'same; the actors\' policy lags up to k - 1 steps more. Range: >= 1.'),
+        _Flag('learner_jit', 'enum',
+              "XLA for the learner's per-replica gradient (forward and backward "
+              "pass, V-trace, losses): 'on', 'off', or 'auto' (what measured "
+              "faster on the device type: off on the CPU, where XLA's convolutions "
+              "are slower; GPUs not measured yet, so off). 'on' with several "
+              'replicas needs no whole-batch sum before the gradient: not with '
+              "--popart, --loss_reduction=mean or --normalize_advantages."),
         _Flag('num_gpus', 'int',
               'Learner GPUs, one MirroredStrategy replica each; each batch is split '
               'evenly across them. 0: learn on the CPU (RLlib: num_gpus). '

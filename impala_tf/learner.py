@@ -26,6 +26,7 @@ fresh env frames the learner has trained on (counted once per batch, at its firs
 use), which is checkpointed with the rest.
 """
 
+import functools
 from typing import Callable, Dict
 
 import tensorflow as tf
@@ -36,6 +37,9 @@ from impala_tf import optimizers
 from impala_tf import types
 
 _SUM = tf.distribute.ReduceOp.SUM
+# Step outputs that `step_from_iterator` sums over the steps of one call.
+_SUMMED = ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'replayed_frames',
+           'trained_frames', 'grad_clipped', 'nonfinite', 'data_wait_seconds')
 
 
 def clip_rewards(rewards: tf.Tensor, mode: str) -> tf.Tensor:
@@ -46,6 +50,25 @@ def clip_rewards(rewards: tf.Tensor, mode: str) -> tf.Tensor:
     squeezed = tf.tanh(rewards / 5.0)
     return tf.where(rewards < 0, 0.3 * squeezed, squeezed) * 5.0
   return rewards
+
+
+def uses_jit(config: config_lib.Config, num_replicas: int) -> bool:
+  """Whether the learner compiles its per-replica gradient with XLA.
+
+  `learner_jit='on'` compiles it; 'off' does not; 'auto' takes what measured
+  faster on this device type: on the CPU that is no XLA (bench/learner_step.py,
+  docs/benchmarks.md); on GPUs it has not been measured, so 'auto' does not
+  compile there either. The compiled part is the network's forward and backward
+  pass, V-trace and the losses; with several replicas it must not need a sum over
+  them before the gradient (PopArt, `loss_reduction='mean'` and
+  `normalize_advantages` do; Config validation refuses 'on' with those).
+
+  Args:
+    config: the run's Config.
+    num_replicas: the strategy's replicas in sync.
+  """
+  del num_replicas  # Config validation has checked 'on' against it.
+  return config.learner_jit == 'on'
 
 
 def _time_major(x: tf.Tensor) -> tf.Tensor:
@@ -90,6 +113,17 @@ class Learner(tf.Module):
           config, lambda: lr(self.consumed_frames))
       self.optimizer.build(self.network.trainable_variables)
     self._num_state = len(self.network.initial_state(1))
+    # XLA for the per-replica gradient (see `uses_jit`): one compiled function per
+    # value of term_norms, with the mid-step reductions of one replica (sums over
+    # itself) as identities.
+    self._jit_gradients = None
+    if uses_jit(config, strategy.num_replicas_in_sync):
+      self._jit_gradients = {
+          term_norms: tf.function(
+              functools.partial(self._gradients, term_norms=term_norms,
+                                reduce=lambda x: x),
+              jit_compile=True, autograph=False)
+          for term_norms in (False, True)}
     # No AutoGraph: the step has no data-dependent Python control flow, and
     # converting it costs seconds of start-up.
     self._train = tf.function(self._train_step, autograph=False)
@@ -100,6 +134,15 @@ class Learner(tf.Module):
                                             autograph=False)
     self._bound_iterator = None
     self._bound_train = None
+    self._scalar_keys = None  # Set when the bound step is traced.
+    # Where each variable sits in the flat vector of its dtype.
+    self._weight_layout, sizes = [], {}
+    for v in self.network.variables:
+      dtype, size = v.dtype.name, int(v.shape.num_elements())
+      self._weight_layout.append((dtype, sizes.get(dtype, 0), size,
+                                  tuple(v.shape)))
+      sizes[dtype] = sizes.get(dtype, 0) + size
+    self._weight_dtypes = sorted(sizes)
     # Reading all weights in one call (one dispatch, not one per variable).
     self._read_weights = tf.function(self._read_weights_fn, autograph=False)
 
@@ -136,22 +179,34 @@ class Learner(tf.Module):
     """
     return self._train(shards)
 
-  def step_from_iterator(self, iterator) -> Dict[str, tf.Tensor]:
-    """Fetches the next distributed batch and trains on it, in one call.
+  def step_from_iterator(self, iterator) -> Dict[str, object]:
+    """Fetches batches and trains on them: `learner_steps_per_call` steps, one call.
+
+    The outputs come back as two or three tensors (the scalars stacked into one
+    float64 vector, the weights concatenated into one flat vector per dtype) and
+    are unpacked here with one `.numpy()` each: a call returns about 40 values,
+    and converting each separately held the interpreter lock, which the actor
+    threads need, for longer than the CartPole step's graph ran.
 
     Args:
       iterator: an iterator over `data.distribute(...)`.
 
     Returns:
-      What `step` returns, plus `data_wait_seconds` (float64 `[]`): the time this
-      call spent waiting for the batch (from the call's start until every shard was
-      available), measured in the graph with `tf.timestamp`; and `weights`: the
-      network's variables after the update (a list of tensors in
-      `network.variables` order), so that publishing them to the actors needs no
-      second call.
+      dict of Python floats: what `step` returns for the call's last step,
+      except that these are summed
+      over the call's steps: `policy_lag_sum`, `num_unrolls`, `fresh_frames`,
+      `replayed_frames`, `trained_frames`, `grad_clipped` and `nonfinite` (counts);
+      `policy_lag_max` is the maximum. Plus `steps` (int32 `[]`, the steps this
+      call made: `learner_steps_per_call`, or fewer when the data ended after its
+      first step), `data_wait_seconds` (the time the call spent waiting for
+      batches, measured in the graph with `tf.timestamp`), and `weights`: the
+      network's variables after the call's last update (a list of numpy arrays
+      in `network.variables` order, views of one array per dtype), so that
+      publishing them to the actors needs no second call.
 
     Raises:
-      tf.errors.OutOfRangeError: the dataset has ended.
+      tf.errors.OutOfRangeError: the dataset ended before the call's first step
+        (no step was made: the counters are unchanged).
     """
     # The iterator is bound into a tf.function of no arguments (captured, not
     # passed): passing a distributed iterator flattens its type spec on every call,
@@ -160,24 +215,92 @@ class Learner(tf.Module):
       self._bound_iterator = iterator
       self._bound_train = tf.function(
           lambda: self._train_from_iterator_fn(iterator), autograph=False)
-    return self._bound_train()
+    packed = self._bound_train()
+    out = dict(zip(self._scalar_keys, packed['scalars'].numpy().tolist()))
+    flat = {dtype: packed[dtype].numpy() for dtype in self._weight_dtypes}
+    out['weights'] = [
+        flat[dtype][start:start + size].reshape(shape)
+        for dtype, start, size, shape in self._weight_layout]
+    return out
 
   def _train_from_iterator_fn(self, iterator):
-    start = tf.timestamp()
+    results = self._timed_step(lambda: next(iterator))
+    results['steps'] = tf.constant(1, tf.int32)
+    more = self._config.learner_steps_per_call - 1
+    if more > 0:
+      results = self._more_steps(iterator, results, more)
+    # One float64 vector of the scalars (float64 holds every int32 count and
+    # float32 value exactly), its order fixed at tracing.
+    self._scalar_keys = sorted(results)
+    packed = {'scalars': tf.stack([tf.cast(results[k], tf.float64)
+                                   for k in self._scalar_keys])}
+    with tf.control_dependencies([packed['scalars']]):
+      weights = self._read_weights_fn()
+    for dtype in self._weight_dtypes:
+      packed[dtype] = tf.concat(
+          [tf.reshape(w, [-1]) for w in weights if w.dtype.name == dtype], axis=0)
+    return packed
+
+  def _timed_step(self, fetch, start=None, term_norms=None):
+    """One train step on the batch `fetch()` returns, with its data wait.
+
+    The wait runs from `start` (float64 `[]`; default: now) until every shard of
+    the batch is there. `term_norms` as `_train_step`.
+    """
+    if start is None:
+      start = tf.timestamp()
     with tf.control_dependencies([start]):
-      shards = next(iterator)
+      shards = fetch()
     components = [x for x in tf.nest.flatten(
         tf.nest.map_structure(self._strategy.experimental_local_results, shards))]
     with tf.control_dependencies(components):
       ready = tf.timestamp()
-    results = self._train_step(shards)
+      # Nothing of the step (counters included) runs before its batch is there:
+      # a call that finds the data ended leaves every variable as it was.
+      results = self._train_step(shards, term_norms)
     results['data_wait_seconds'] = ready - start
-    with tf.control_dependencies(tf.nest.flatten(results)):
-      results['weights'] = self._read_weights_fn()
     return results
 
-  def _train_step(self, shards):
-    results = self._strategy.run(self._replica_step, args=(shards,))
+  def _more_steps(self, iterator, first, more):
+    """Up to `more` further steps in a `tf.while_loop`, folding their outputs.
+
+    The loop ends early, without error, when the data ends (the iterator's next
+    element is empty); `steps` says how many were made.
+    """
+    def fold(acc, new):
+      out = dict(acc, **new)  # The first step's grad_norm_* stay.
+      for key in _SUMMED:
+        if key in acc:
+          out[key] = acc[key] + new[key]
+      out['policy_lag_max'] = tf.maximum(acc['policy_lag_max'],
+                                         new['policy_lag_max'])
+      out['steps'] = acc['steps'] + 1
+      return out
+
+    def body(i, _, acc):
+      start = tf.timestamp()
+      with tf.control_dependencies([start]):
+        element = iterator.get_next_as_optional()
+      has_value = element.has_value()
+
+      def run():  # The wait counts from before the fetch.
+        return fold(acc, self._timed_step(element.get_value, start,
+                                          term_norms=False))
+
+      out = tf.cond(has_value, run, lambda: dict(acc))
+      return i + 1, has_value, out
+
+    _, _, results = tf.while_loop(
+        lambda i, has_value, _: tf.logical_and(i < more, has_value), body,
+        (tf.constant(0), tf.constant(True), first), parallel_iterations=1)
+    return results
+
+  def _train_step(self, shards, term_norms=None):
+    """One step on a distributed batch; `term_norms` (default: the config's
+    `loss_term_grad_norms`) adds the per-term gradient norms."""
+    if term_norms is None:
+      term_norms = self._config.loss_term_grad_norms
+    results = self._strategy.run(self._replica_step, args=(shards, term_norms))
     results = tf.nest.map_structure(
         lambda x: self._strategy.experimental_local_results(x)[0], results)
     self.learner_steps.assign_add(1)
@@ -191,9 +314,64 @@ class Learner(tf.Module):
     results['nonfinite_streak'] = tf.cast(streak, tf.float32)
     return results
 
-  def _replica_step(self, batch):
+  def _replica_step(self, batch, term_norms):
     c = self._config
     ctx = tf.distribute.get_replica_context()
+    variables = self.network.trainable_variables
+    popart = self.network.popart
+    if self._jit_gradients is not None:  # One replica: nothing to reduce mid-step.
+      grads, diags, lag_max, popart_stats = self._jit_gradients[term_norms](batch)
+    else:
+      grads, diags, lag_max, popart_stats = self._gradients(
+          batch, term_norms, lambda x: ctx.all_reduce(_SUM, x))
+    if term_norms:
+      term_grads, diags = ctx.all_reduce(_SUM, (grads, diags))
+      grads = [a + b + e for a, b, e in zip(*term_grads)]
+      for name, g in zip(('policy', 'baseline', 'entropy'), term_grads):
+        diags[f'grad_norm_{name}'] = tf.linalg.global_norm(g)
+    else:
+      grads, diags = ctx.all_reduce(_SUM, (grads, diags))
+    diags['policy_lag_max'] = tf.reduce_max(
+        ctx.all_gather(tf.reshape(lag_max, [1]), axis=0))
+    grad_norm = tf.linalg.global_norm(grads)
+    # A non-finite loss or gradient (e.g. a too-high learning rate) skips the
+    # update: weights and slots stay as they are. The values are all-reduced, so
+    # every replica takes the same branch.
+    finite = tf.logical_and(tf.math.is_finite(grad_norm),
+                            tf.math.is_finite(diags['loss']))
+    if popart is not None:
+      diags.update(self._popart_apply(ctx, popart, *popart_stats, finite))
+    if c.grad_clip > 0:
+      grads, _ = tf.clip_by_global_norm(grads, c.grad_clip, use_norm=grad_norm)
+      diags['grad_clipped'] = tf.cast(grad_norm > c.grad_clip, tf.float32)
+    else:
+      diags['grad_clipped'] = tf.zeros([], tf.float32)
+    self.optimizer.apply_gradients(zip(grads, variables), condition=finite)
+    diags['nonfinite'] = 1.0 - tf.cast(finite, tf.float32)
+    diags['grad_norm'] = grad_norm
+    diags['entropy_cost'] = tf.cast(self._entropy_cost(self.consumed_frames),
+                                    tf.float32)
+    return diags
+
+  def _gradients(self, batch, term_norms, reduce):
+    """This replica's gradient and diagnostics, before the all-reduce.
+
+    Args:
+      batch: this replica's shard, `[B / N, T + 1, ...]` (see `data`).
+      term_norms: bool; True returns the three weighted loss terms' gradients.
+      reduce: sums a structure of tensors over the replicas (the identity for
+        one replica, which lets the whole function compile with XLA).
+
+    Returns:
+      `(grads, diags, lag_max, popart_stats)`: grads, a list of float tensors in
+      `trainable_variables` order (with `term_norms`, three such lists: policy,
+      baseline, entropy); diags, a dict of float32 `[]` sums of this shard
+      (`losses.compute_loss`'s, the frame counts and the policy-lag sum);
+      lag_max, float32 `[]`, the shard's largest policy lag;
+      popart_stats, None without PopArt, else `(new_stats, old_mu, old_sigma)`
+      for `_popart_apply`.
+    """
+    c = self._config
     obs = _time_major(batch['observation'])
     reward = _time_major(batch['reward'])
     terminated = _time_major(batch['terminated'])
@@ -210,13 +388,13 @@ class Learner(tf.Module):
     mask = tf.logical_not(tf.logical_or(terminated[:-1], truncated[:-1]))
     num_valid = tf.reduce_sum(tf.cast(mask, tf.float32))
     if c.loss_reduction == 'mean':  # The whole batch's count, on every replica.
-      normalizer = tf.maximum(ctx.all_reduce(_SUM, num_valid), 1.0)
+      normalizer = tf.maximum(reduce(num_valid), 1.0)
     else:
       normalizer = 1.0
     if popart is not None:  # The statistics the forward pass uses.
       old_mu = tf.identity(popart.mu)
       old_sigma = popart.sigma_of(old_mu, tf.identity(popart.nu))  # float64
-    with tf.GradientTape(persistent=c.loss_term_grad_norms) as tape:
+    with tf.GradientTape(persistent=term_norms) as tape:
       out, _ = self.network.unroll(
           types.AgentInput(obs, prev_action, reward, first), state)
       values = out.baseline
@@ -236,13 +414,13 @@ class Learner(tf.Module):
       targets = losses.compute_targets(**loss_args)
       scale = 1.0
       if popart is not None:
-        new_stats = self._popart_statistics(ctx, popart, targets.vs, mask)
+        new_stats = self._popart_statistics(reduce, popart, targets.vs, mask)
         scale = tf.cast(popart.sigma_of(new_stats[0], new_stats[1])[0],
                         tf.float32)
       policy_advantages = None
       if c.normalize_advantages:  # Moments of the whole batch, on every replica.
-        moments = ctx.all_reduce(_SUM, list(losses.advantage_moments(
-            targets.pg_advantages, mask)))
+        moments = reduce(list(losses.advantage_moments(targets.pg_advantages,
+                                                       mask)))
         policy_advantages = losses.normalize_advantages(
             targets.pg_advantages, mask, moments)
       loss, diags = losses.compute_loss(
@@ -267,7 +445,7 @@ class Learner(tf.Module):
     def dense(grads):
       return [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
 
-    if c.loss_term_grad_norms:
+    if term_norms:
       term_grads = [dense(fix_head(tape.gradient(t, variables))) for t in terms]
       del tape
     else:
@@ -285,40 +463,15 @@ class Learner(tf.Module):
         'num_unrolls': tf.cast(tf.size(lag), tf.float32),
     }
     diags = dict(diags, **extra)
-    if c.loss_term_grad_norms:
-      term_grads, diags = ctx.all_reduce(_SUM, (term_grads, diags))
-      grads = [a + b + e for a, b, e in zip(*term_grads)]
-      for name, g in zip(('policy', 'baseline', 'entropy'), term_grads):
-        diags[f'grad_norm_{name}'] = tf.linalg.global_norm(g)
-    else:
-      grads, diags = ctx.all_reduce(_SUM, (grads, diags))
-    diags['policy_lag_max'] = tf.reduce_max(
-        ctx.all_gather(tf.reshape(tf.reduce_max(lag), [1]), axis=0))
-    grad_norm = tf.linalg.global_norm(grads)
-    # A non-finite loss or gradient (e.g. a too-high learning rate) skips the
-    # update: weights and slots stay as they are. The values are all-reduced, so
-    # every replica takes the same branch.
-    finite = tf.logical_and(tf.math.is_finite(grad_norm),
-                            tf.math.is_finite(diags['loss']))
-    if popart is not None:
-      diags.update(self._popart_apply(ctx, popart, new_stats, finite, old_mu,
-                                      old_sigma))
-    if c.grad_clip > 0:
-      grads, _ = tf.clip_by_global_norm(grads, c.grad_clip, use_norm=grad_norm)
-      diags['grad_clipped'] = tf.cast(grad_norm > c.grad_clip, tf.float32)
-    else:
-      diags['grad_clipped'] = tf.zeros([], tf.float32)
-    self.optimizer.apply_gradients(zip(grads, variables), condition=finite)
-    diags['nonfinite'] = 1.0 - tf.cast(finite, tf.float32)
-    diags['grad_norm'] = grad_norm
-    diags['entropy_cost'] = tf.cast(entropy_cost, tf.float32)
-    return diags
+    popart_stats = None if popart is None else (new_stats, old_mu, old_sigma)
+    return (term_grads if term_norms else grads), diags, tf.reduce_max(lag), \
+        popart_stats
 
-  def _popart_statistics(self, ctx, popart, vs, mask):
+  def _popart_statistics(self, reduce, popart, vs, mask):
     """PopArt's statistics after this batch (nothing assigned yet).
 
     Args:
-      ctx: the replica context.
+      reduce: sums a list of tensors over the replicas.
       popart: the network's `PopArt`.
       vs: float32 `[T, B]`, this replica's V-trace targets (return units).
       mask: bool `[T, B]`, the valid steps.
@@ -333,7 +486,7 @@ class Learner(tf.Module):
     moments = [tf.reduce_sum(tf.where(mask, vs, zeros)),
                tf.reduce_sum(tf.where(mask, tf.square(vs), zeros)),
                tf.reduce_sum(tf.cast(mask, tf.float64))]
-    total, total_sq, n = ctx.all_reduce(_SUM, moments)
+    total, total_sq, n = reduce(moments)
     safe_n = tf.maximum(n, 1.0)
     mu, nu, updates = popart.updated(tf.reshape(total / safe_n, [1]),
                                      tf.reshape(total_sq / safe_n, [1]),
@@ -342,7 +495,7 @@ class Learner(tf.Module):
     return (tf.where(any_valid, mu, popart.mu), tf.where(any_valid, nu, popart.nu),
             tf.where(any_valid, updates, popart.updates))
 
-  def _popart_apply(self, ctx, popart, new_stats, finite, old_mu, old_sigma):
+  def _popart_apply(self, ctx, popart, new_stats, old_mu, old_sigma, finite):
     """Assigns the new statistics and rescales the value head to preserve it.
 
     Nothing changes when `finite` is False (the update is skipped). Runs on every

@@ -18,6 +18,11 @@ CONFIG_ERRORS = [
     (dict(env=' '), 'env', ' '),
     (dict(env_vectorization='threads'), 'env_vectorization', 'threads'),
     (dict(env_backend='pool'), 'env_backend', 'pool'),
+    (dict(learner_steps_per_call=0), 'learner_steps_per_call', '0'),
+    (dict(learner_jit='xla'), 'learner_jit', 'xla'),
+    # XLA cannot compile a sum over replicas before the gradient (PopArt's).
+    (dict(learner_jit='on', num_virtual_cpu_devices=2, popart=True),
+     'learner_jit', 'on'),
     (dict(noop_max=-1), 'noop_max', '-1'),
     (dict(frame_stack=0), 'frame_stack', '0'),
     (dict(max_episode_frames=0), 'max_episode_frames', '0'),
@@ -185,6 +190,9 @@ GOOD_VALUES = [
     dict(num_gpus=2, batch_size=32),
     dict(num_virtual_cpu_devices=4, batch_size=8),
     dict(num_virtual_cpu_devices=1, batch_size=7),
+    dict(learner_jit='on', popart=True),  # One replica: the sums are identities.
+    dict(learner_jit='on', num_virtual_cpu_devices=2, popart=False),
+    dict(learner_steps_per_call=16),
     dict(batch_size=8, unroll_length=10, total_environment_frames=80),
     dict(seed=2**31 - 1, noop_max=0, use_lstm=True, vtrace=False, episodic_life=True),
     dict(env='impala_tf.testing:ImpalaChain-v0', env_vectorization='async',

@@ -562,13 +562,17 @@ def test_cli_two_replicas_replay_reuse_chain(tmp_path):
   flags = ['--env=impala_tf.testing:ImpalaChain-v0', '--num_data_loader_buffers=2',
            '--replay_proportion=0.5', '--replay_buffer_num_slots=8',
            '--num_sgd_iter=2', '--minibatch_buffer_size=2',
-           '--num_virtual_cpu_devices=2', '--total_environment_frames=2000'
-          ] + _TINY_FLAGS
+           '--num_virtual_cpu_devices=2', '--total_environment_frames=2000',
+           # 3 steps per call against a reuse ring of 4: the run stops at a
+           # multiple of both (the ring is checked by _check_cli_run).
+           '--learner_steps_per_call=3'] + _TINY_FLAGS
   proc = _run_cli(logdir, flags)
   _, final = _check_cli_run(logdir, proc, dict(
       num_virtual_cpu_devices=2, num_data_loader_buffers=2, replay_proportion=0.5,
       replay_buffer_num_slots=8, num_sgd_iter=2, minibatch_buffer_size=2,
-      total_environment_frames=2000, mlp_hidden_sizes=(16,), batch_size=4))
+      total_environment_frames=2000, mlp_hidden_sizes=(16,), batch_size=4,
+      learner_steps_per_call=3))
+  assert final['learner_steps'] % 12 == 0, final
   assert final['episode_return_mean'] == 8.0
   policy = tf.saved_model.load(os.path.join(logdir, 'saved_policy'))
   out = policy.signatures['serving_default'](

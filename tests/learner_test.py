@@ -459,6 +459,89 @@ def test_non_finite_update_is_skipped_and_counted(popart):
   assert any(not np.array_equal(a, b) for a, b in zip(before, state()))
 
 
+def _iterator(learner, batches):
+  """A distributed iterator over `batches` (each with `reuse` 0), for 1 replica."""
+  stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+  stacked['reuse'] = np.zeros([len(batches), B], np.int32)
+  ds = tf.data.Dataset.from_tensor_slices(stacked)
+  return iter(data.distribute(learner.strategy, lambda: ds))
+
+
+@pytest.mark.parametrize('term_norms', [False, True])
+def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
+  batches = [make_batch(seed=20 + i) for i in range(5)]
+  one = _make_learner(_config(loss_term_grad_norms=term_norms))
+  three = _make_learner(_config(loss_term_grad_norms=term_norms,
+                                learner_steps_per_call=3))
+  for a, b in zip(one.network.variables, three.network.variables):
+    b.assign(a)
+  it = _iterator(one, batches)
+  singles = [one.step_from_iterator(it) for _ in range(5)]
+  it = _iterator(three, batches)
+  calls = [three.step_from_iterator(it), three.step_from_iterator(it)]
+  # The data ended after 5 steps: a call that finds none raises and changes no
+  # counter.
+  with pytest.raises(tf.errors.OutOfRangeError):
+    three.step_from_iterator(it)
+  assert [int(c['steps']) for c in calls] == [3, 2]
+  assert all(int(s['steps']) == 1 for s in singles)
+  for a, b in zip(one.network.variables, three.network.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+  for a, b in zip(one.optimizer.variables, three.optimizer.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+  for name in ('learner_steps', 'consumed_frames', 'replayed_frames',
+               'trained_frames'):
+    assert int(getattr(three, name).numpy()) == int(getattr(one, name).numpy())
+  assert int(three.learner_steps.numpy()) == 5
+  for call, group in zip(calls, (singles[:3], singles[3:])):
+    # Counts are summed over the call's steps; the lag maximum is the maximum
+    # (the lags grow by one each step: the variable is read inside the loop).
+    for key in ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'trained_frames',
+                'grad_clipped', 'nonfinite'):
+      assert float(call[key]) == pytest.approx(sum(float(s[key]) for s in group))
+    assert float(call['policy_lag_max']) == max(
+        float(s['policy_lag_max']) for s in group)
+    # The rest are the last step's; the per-term norms the first step's.
+    np.testing.assert_allclose(float(call['loss']), float(group[-1]['loss']),
+                               rtol=1e-5)
+    if term_norms:
+      np.testing.assert_allclose(float(call['grad_norm_policy']),
+                                 float(group[0]['grad_norm_policy']), rtol=1e-5)
+    else:
+      assert 'grad_norm_policy' not in call
+    assert float(call['data_wait_seconds']) >= 0
+    # The weights returned are those after the call's last step.
+  for w, v in zip(calls[-1]['weights'], three.network.variables):
+    assert w.dtype == v.dtype.as_numpy_dtype
+    np.testing.assert_array_equal(w, v.numpy())
+
+
+@pytest.mark.parametrize('kw', [
+    dict(popart=True, loss_term_grad_norms=True, optimizer='adam'),
+    dict(popart=False, loss_term_grad_norms=False, optimizer='rmsprop',
+         loss_reduction='mean', normalize_advantages=True, use_lstm=True),
+])
+def test_xla_gradient_gives_the_same_updates(kw):
+  batches = [make_batch(seed=30 + i, lstm_size=8 if kw.get('use_lstm') else 0)
+             for i in range(3)]
+  plain = _make_learner(_config(learner_jit='off', **kw))
+  jit = _make_learner(_config(learner_jit='on', **kw))
+  assert plain._jit_gradients is None and jit._jit_gradients is not None
+  for a, b in zip(plain.network.variables, jit.network.variables):
+    b.assign(a)
+  outs = []
+  for learner in (plain, jit):
+    it = _iterator(learner, batches)
+    outs.append([learner.step_from_iterator(it) for _ in batches])
+  for a, b in zip(plain.network.variables, jit.network.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+  for a, b in zip(*outs):
+    for key in ('loss', 'policy_loss', 'baseline_loss', 'grad_norm',
+                'policy_lag_sum'):
+      np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-4,
+                                 atol=1e-5)
+
+
 _TOWER_SCRIPT = textwrap.dedent(r"""
     import json, sys
     from impala_tf import distribute

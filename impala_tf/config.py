@@ -33,6 +33,7 @@ LOSS_REDUCTIONS = ('sum', 'mean')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
 ENV_BACKENDS = ('auto', 'gymnasium', 'envpool')
 ACTOR_BACKENDS = ('threads', 'ray')
+LEARNER_BACKENDS = ('local', 'ray')
 LEARNER_JIT = ('auto', 'on', 'off')
 
 RESOURCES_ALLOWED = (
@@ -254,6 +255,8 @@ class Config:
   num_virtual_cpu_devices: int = 0
   num_learner_workers: int = 1
   learner_worker_timeout_secs: float = 60.0
+  learner_backend: str = 'local'
+  ray_learner_resources: str = '{"CPU": 1}'
   # Loss.
   discounting: float = 0.99
   baseline_cost: float = 0.5
@@ -312,6 +315,11 @@ class Config:
   def num_replicas_in_sync(self) -> int:
     """Learner replicas over all learner workers."""
     return self.num_replicas * self.num_learner_workers
+
+  @property
+  def ray_learner_resources_dict(self) -> dict:
+    """`ray_learner_resources` parsed: resource name -> float."""
+    return parse_resources(self.ray_learner_resources, 'ray_learner_resources')
 
   @property
   def ray_actor_resources_dict(self) -> dict:
@@ -486,6 +494,8 @@ _RULES = {
         'must be an integer >= 0 (0: use the CPU as one device)'),
     'num_learner_workers': _ints(1),
     'learner_worker_timeout_secs': _positive('a number of seconds'),
+    'learner_backend': _one_of(LEARNER_BACKENDS),
+    'ray_learner_resources': _resources('ray_learner_resources'),
     'discounting': _unit_closed(),
     'baseline_cost': _non_negative(),
     'entropy_cost': _non_negative(),

@@ -63,6 +63,7 @@ _ENUM_VALUES = {
     'env_vectorization': config_lib.ENV_VECTORIZATIONS,
     'env_backend': config_lib.ENV_BACKENDS,
     'actor_backend': config_lib.ACTOR_BACKENDS,
+    'learner_backend': config_lib.LEARNER_BACKENDS,
     'learner_jit': config_lib.LEARNER_JIT,
     'reward_clipping': config_lib.REWARD_CLIPPINGS,
     'loss_reduction': config_lib.LOSS_REDUCTIONS,
@@ -246,6 +247,16 @@ SECTIONS = (
               'after one worker dies, or after a forwarded Ctrl-C / SIGTERM, before '
               'workers still running are killed; the death is one line naming the '
               'worker. Range: > 0.'),
+        _Flag('learner_backend', 'enum',
+              "Where --num_learner_workers > 1 (without TF_CONFIG) starts the "
+              "workers: 'local' (processes on this host, TF_CONFIG on 127.0.0.1) or "
+              "'ray' (Ray actors at --ray_address, '' for a local Ray, each with "
+              '--ray_learner_resources, TF_CONFIG wired from the nodes they landed '
+              "on; needs pip install -e '.[ray]')."),
+        _Flag('ray_learner_resources', 'string',
+              'With --learner_backend=ray: the Ray resources each learner worker '
+              'reserves, a JSON object such as {"CPU": 1} or {"GPU": 1} (give '
+              '--num_gpus to match). Range: numbers >= 0.'),
     )),
     ('loss', 'Loss', (
         _Flag('discounting', 'float',

@@ -14,7 +14,8 @@ or `--verbosity=1` is passed (`impala_tf.quiet`).
 Several learner workers (docs/scaling.md): a process started with a `TF_CONFIG`
 naming several workers is that worker; `--num_learner_workers=N` without a
 TF_CONFIG starts N such workers on this host and supervises them
-(`impala_tf.launcher`). A TF_CONFIG that does not parse, names a task index out
+(`impala_tf.launcher`), or with `--learner_backend=ray` places them as Ray actors
+(`impala_tf.ray_learners`). A TF_CONFIG that does not parse, names a task index out
 of range, or a port that is taken, is one line and exit status 2 before any work.
 """
 
@@ -91,6 +92,9 @@ def main(argv):
   launched = bool(os.environ.get('IMPALA_TF_LAUNCHED_WORKER'))
   if cfg.num_learner_workers > 1 and not os.environ.get('TF_CONFIG', '').strip():
     # --num_learner_workers=N: this process starts the N workers and waits.
+    if cfg.learner_backend == 'ray':
+      from impala_tf import ray_learners  # pylint: disable=g-import-not-at-top
+      _exit_now(ray_learners.launch_ray(argv_without_program(), cfg, PROG))
     from impala_tf import launcher  # pylint: disable=g-import-not-at-top
     _exit_now(launcher.launch_local(
         argv_without_program(), cfg.num_learner_workers,

@@ -1,0 +1,206 @@
+"""Learner workers placed by Ray (`--learner_backend=ray --num_learner_workers=N`).
+
+`launch_ray(args, config)` connects to Ray (`--ray_address`: a cluster, or '' for a
+local Ray on 127.0.0.1, as the Ray actor backend does: `ray_actors.RaySession`),
+places N `LearnerWorker` Ray actors with `--ray_learner_resources` each, asks each
+for its node's address and a port that is free there, and wires every worker's
+`TF_CONFIG` from the nodes they landed on. Each Ray actor then runs
+`python -m impala_tf.train ARGS` as a child process with its `TF_CONFIG`: the same
+program and code path as a worker started by hand (`impala_tf.distribute`), in a
+fresh process (TensorFlow's strategy must come before any other op of its process,
+and a Ray actor process may have run others).
+
+Plain Ray actors, not Ray Train's `TensorflowTrainer`: that trainer does the same
+`TF_CONFIG` wiring, but runs the training loop inside its own session (its own
+checkpoint and reporting API, `ray[train]` as a dependency), while impala_tf's
+driver already owns the loop, the checkpoints and the metrics (docs/design.md).
+
+Supervision is the local launcher's (`impala_tf.launcher`): the ports are named in
+one line at start; SIGINT and SIGTERM are forwarded to every worker; a worker that
+dies (its process, or its Ray actor or node) stops the run within
+`--learner_worker_timeout_secs` with one line naming it; at the end every Ray
+actor is killed and a Ray this run started is shut down.
+
+This module reads no flags; `impala_tf.train` calls it.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence
+
+from impala_tf import config as config_lib
+from impala_tf import distribute
+from impala_tf import launcher
+
+_POLL_SECS = 0.1
+
+
+class LearnerWorker:
+  """The body of one Ray actor: runs one learner worker process.
+
+  Runs with max_concurrency > 1, so `signal` reaches a worker that `run` waits for.
+  """
+
+  def __init__(self):
+    self._proc: Optional[subprocess.Popen] = None
+    self._lock = threading.Lock()
+
+  def address(self) -> str:
+    """'node_ip:port' of a port free on this actor's node now."""
+    import ray  # pylint: disable=g-import-not-at-top
+    ip = ray.util.get_node_ip_address()
+    return f'{ip}:{distribute.free_local_ports(1)[0]}'
+
+  def run(self, argv: Sequence[str], env: dict, cwd: str) -> int:
+    """Runs the worker process to its end; returns its exit status."""
+    with self._lock:
+      full_env = dict(os.environ)
+      full_env.update(env)
+      self._proc = subprocess.Popen(list(argv), env=full_env, cwd=cwd,
+                                    preexec_fn=launcher._die_with_parent)  # pylint: disable=protected-access
+    return self._proc.wait()
+
+  def signal(self, signum: int) -> bool:
+    """Sends `signum` to the worker process; False when none runs."""
+    with self._lock:
+      if self._proc is None or self._proc.poll() is not None:
+        return False
+      self._proc.send_signal(signum)
+      return True
+
+  def kill(self) -> None:
+    with self._lock:
+      if self._proc is not None and self._proc.poll() is None:
+        self._proc.kill()
+        self._proc.wait()
+
+
+def _actor_options(resources: dict) -> dict:
+  res = dict(resources)
+  # The actor process imports TensorFlow (for `distribute`) but runs no op: its
+  # native start-up lines would only repeat the workers'.
+  opts = dict(num_cpus=res.pop('CPU', 0.0), num_gpus=res.pop('GPU', 0.0),
+              max_restarts=0, max_concurrency=4,
+              runtime_env={'env_vars': {'TF_CPP_MIN_LOG_LEVEL': '3'}})
+  if 'memory' in res:
+    opts['memory'] = res.pop('memory')
+  if res:
+    opts['resources'] = res
+  return opts
+
+
+def launch_ray(args: Sequence[str], config: config_lib.Config,
+               prog: str = 'impala_tf.train') -> int:
+  """Places and supervises the workers (module docstring); returns an exit status.
+
+  Args:
+    args: the flags every worker gets (the launcher's own command line).
+    config: the run's Config (num_learner_workers, learner_worker_timeout_secs,
+      ray_address, ray_connect_timeout_secs, ray_learner_resources,
+      ray_placement_timeout_secs, ray_runtime_env).
+    prog: the program name of the one-line messages.
+
+  Returns:
+    0 when every worker exited with 0, else 1.
+  """
+  from impala_tf import actor_pool  # pylint: disable=g-import-not-at-top
+  from impala_tf import ray_actors  # pylint: disable=g-import-not-at-top
+  import ray  # pylint: disable=g-import-not-at-top
+  num = config.num_learner_workers
+  timeout = config.learner_worker_timeout_secs
+  try:
+    session = ray_actors.RaySession(
+        config.ray_address, connect_timeout=config.ray_connect_timeout_secs,
+        runtime_env=config.ray_runtime_env_dict)
+  except actor_pool.ActorPoolError as e:
+    print(f'{prog}: error: {e}', file=sys.stderr, flush=True)
+    return 1
+  actor_cls = ray.remote(LearnerWorker).options(
+      **_actor_options(config.ray_learner_resources_dict))
+  workers = []
+  state = {'deadline': None}
+  lock = threading.Lock()
+
+  def forward(signum, frame):
+    del frame
+    with lock:
+      if state['deadline'] is None:
+        state['deadline'] = time.monotonic() + timeout
+    for w in workers:
+      w.signal.remote(signum)
+
+  old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+  failed = False
+  try:
+    workers.extend(actor_cls.remote() for _ in range(num))
+    try:
+      addresses = ray.get([w.address.remote() for w in workers],
+                          timeout=config.ray_placement_timeout_secs)
+    except ray.exceptions.GetTimeoutError:
+      print(f'{prog}: error: Ray could not place {num} learner workers with '
+            f'--ray_learner_resources={config.ray_learner_resources} within '
+            f'{config.ray_placement_timeout_secs:g} s (--ray_placement_timeout_secs): '
+            'the cluster lacks the resources; add nodes or ask for less',
+            file=sys.stderr, flush=True)
+      return 1
+    cluster = distribute.Cluster(tuple(addresses), 0)
+    print(distribute.exposure_line([int(a.rsplit(':', 1)[1]) for a in addresses])
+          + f' [on the nodes {", ".join(addresses)}]', flush=True)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(
+        distribute.__file__)))
+    refs = []
+    for i, w in enumerate(workers):
+      env = {distribute.TF_CONFIG: cluster.tf_config(i),
+             distribute.LAUNCHED_ENV: '1',
+             'PYTHONPATH': package_root + os.pathsep + os.environ.get('PYTHONPATH', '')}
+      argv = [sys.executable, '-m', 'impala_tf.train'] + list(args)
+      refs.append(w.run.remote(argv, env, os.getcwd()))
+    codes: List[Optional[int]] = [None] * num
+    while any(c is None for c in codes):
+      pending = [r for r, c in zip(refs, codes) if c is None]
+      done, _ = ray.wait(pending, num_returns=1, timeout=_POLL_SECS)
+      now = time.monotonic()
+      for ref in done:
+        i = refs.index(ref)
+        try:
+          codes[i] = ray.get(ref)
+          what = launcher._describe(codes[i])  # pylint: disable=protected-access
+        except ray.exceptions.RayError as e:  # The actor or its node died.
+          codes[i] = -1
+          what = f'was lost by Ray ({type(e).__name__})'
+        with lock:
+          if state['deadline'] is None:
+            state['deadline'] = now + timeout
+        if codes[i] != 0 and not failed:
+          failed = True
+          print(f'{prog}: error: learner worker {i} ({addresses[i]}) {what}; '
+                f'stopping the other worker(s) within {timeout:g} s '
+                '(--learner_worker_timeout_secs); the newest checkpoint is kept: '
+                'rerun the same command to resume', file=sys.stderr, flush=True)
+          for j, w in enumerate(workers):
+            if codes[j] is None:
+              w.signal.remote(signal.SIGTERM)
+      if state['deadline'] is not None and now >= state['deadline']:
+        late = [i for i, c in enumerate(codes) if c is None]
+        if late:
+          if not failed:
+            print(f'{prog}: error: learner worker(s) {", ".join(map(str, late))} '
+                  f'did not stop within {timeout:g} s (--learner_worker_timeout_secs);'
+                  ' killed', file=sys.stderr, flush=True)
+          failed = True
+        break
+    return 0 if not failed and all(c == 0 for c in codes) else 1
+  finally:
+    for w in workers:
+      try:
+        ray.get(w.kill.remote(), timeout=10)
+      except Exception:  # pylint: disable=broad-except
+        pass  # Dead already; ray.kill below ends what is left.
+      ray.kill(w)
+    for s, handler in old.items():
+      signal.signal(s, handler)
+    session.close()

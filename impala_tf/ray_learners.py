@@ -32,11 +32,20 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
+from absl import logging
+
 from impala_tf import config as config_lib
 from impala_tf import distribute
 from impala_tf import launcher
 
 _POLL_SECS = 0.1
+
+
+def _child_setup():  # Runs in the worker process between fork and exec.
+  # Ray runs actor methods in threads that block SIGINT and SIGTERM; a child
+  # inherits the mask across exec, and would never see the signals it is sent.
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+  launcher._die_with_parent()  # pylint: disable=protected-access
 
 
 class LearnerWorker:
@@ -61,7 +70,7 @@ class LearnerWorker:
       full_env = dict(os.environ)
       full_env.update(env)
       self._proc = subprocess.Popen(list(argv), env=full_env, cwd=cwd,
-                                    preexec_fn=launcher._die_with_parent)  # pylint: disable=protected-access
+                                    preexec_fn=_child_setup)
     return self._proc.wait()
 
   def signal(self, signum: int) -> bool:
@@ -122,16 +131,17 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
   actor_cls = ray.remote(LearnerWorker).options(
       **_actor_options(config.ray_learner_resources_dict))
   workers = []
-  state = {'deadline': None}
+  state = {'deadline': None, 'signal': None}
   lock = threading.Lock()
 
   def forward(signum, frame):
+    # Only records it: the loop below sends it (Ray calls from a signal handler,
+    # which interrupted a Ray call, did not reach the actors).
     del frame
     with lock:
+      state['signal'] = signum
       if state['deadline'] is None:
         state['deadline'] = time.monotonic() + timeout
-    for w in workers:
-      w.signal.remote(signum)
 
   old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
   failed = False
@@ -161,6 +171,13 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
       refs.append(w.run.remote(argv, env, os.getcwd()))
     codes: List[Optional[int]] = [None] * num
     while any(c is None for c in codes):
+      with lock:
+        signum, state['signal'] = state['signal'], None
+      if signum is not None:
+        sent = ray.get([w.signal.remote(signum) for j, w in enumerate(workers)
+                        if codes[j] is None], timeout=30)
+        logging.info('Forwarded signal %d to %d learner worker(s).', signum,
+                     sum(sent))
       pending = [r for r, c in zip(refs, codes) if c is None]
       done, _ = ray.wait(pending, num_returns=1, timeout=_POLL_SECS)
       now = time.monotonic()

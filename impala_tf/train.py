@@ -19,6 +19,7 @@ TF_CONFIG starts N such workers on this host and supervises them
 of range, or a port that is taken, is one line and exit status 2 before any work.
 """
 
+import json
 import os
 import signal
 import sys
@@ -51,7 +52,8 @@ def validated_config() -> config_lib.Config:
     environments.check_env_id(cfg.env)
     from impala_tf import rundir  # pylint: disable=g-import-not-at-top
     rundir.check_logdir(cfg.logdir)
-    rundir.check_not_locked(cfg.logdir)  # Also taken by the run; this is quick.
+    if not _is_other_worker():  # The chief holds the lock of a worker's run.
+      rundir.check_not_locked(cfg.logdir)  # Also taken by the run; this is quick.
     # Before anything imports TensorFlow; after the checks that need none, so a
     # bad flag is reported without importing it.
     quiet.quiet_tensorflow(FLAGS.verbosity)
@@ -124,6 +126,19 @@ def main(argv):
         f'{"n/a" if ret is None else round(ret, 2)} wall_seconds='
         f'{m.get("wall_seconds", 0.0):.1f} logdir={result.logdir}', flush=True)
   _exit_now(0)
+
+
+def _is_other_worker() -> bool:
+  """Whether TF_CONFIG makes this process a learner worker other than the chief.
+
+  Read without importing TensorFlow; a TF_CONFIG that does not parse is
+  reported later (`distribute.cluster_from_env`), so here it is not a worker.
+  """
+  try:
+    index = json.loads(os.environ.get('TF_CONFIG', ''))['task']['index']
+  except (ValueError, KeyError, TypeError):
+    return False
+  return isinstance(index, int) and index > 0
 
 
 def _is_chief() -> bool:

@@ -25,6 +25,7 @@ This module reads no flags; `impala_tf.train` calls it.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,11 @@ from impala_tf import distribute
 from impala_tf import launcher
 
 _POLL_SECS = 0.1
+# A worker's final status line (`impala_tf.train: done: ...` or `...: error: ...`).
+# Ray streams an actor's output to the driver from its log files and drops what it
+# had not read when the launcher shuts Ray down, which is when these lines come: so
+# the actor holds them back and returns them, and the launcher prints them.
+_STATUS_LINE = re.compile(r'^\S+: (done|error): ')
 
 
 def _child_setup():  # Runs in the worker process between fork and exec.
@@ -64,14 +70,31 @@ class LearnerWorker:
     ip = ray.util.get_node_ip_address()
     return f'{ip}:{distribute.free_local_ports(1)[0]}'
 
-  def run(self, argv: Sequence[str], env: dict, cwd: str) -> int:
-    """Runs the worker process to its end; returns its exit status."""
+  def run(self, argv: Sequence[str], env: dict, cwd: str):
+    """Runs the worker process to its end.
+
+    Its output is copied line by line to this actor's (which Ray streams to the
+    driver), except its final status lines (`_STATUS_LINE`).
+
+    Returns:
+      (exit status, list of the held-back status lines).
+    """
     with self._lock:
       full_env = dict(os.environ)
       full_env.update(env)
       self._proc = subprocess.Popen(list(argv), env=full_env, cwd=cwd,
-                                    preexec_fn=_child_setup)
-    return self._proc.wait()
+                                    preexec_fn=_child_setup,
+                                    stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True,
+                                    errors='replace', bufsize=1)
+    status = []
+    for line in self._proc.stdout:
+      if _STATUS_LINE.match(line):
+        status.append(line.rstrip('\n'))
+      else:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    return self._proc.wait(), status
 
   def signal(self, signum: int) -> bool:
     """Sends `signum` to the worker process; False when none runs."""
@@ -184,7 +207,10 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
       for ref in done:
         i = refs.index(ref)
         try:
-          codes[i] = ray.get(ref)
+          codes[i], status = ray.get(ref)
+          for line in status:  # See _STATUS_LINE.
+            print(line, file=sys.stderr if ': error: ' in line else sys.stdout,
+                  flush=True)
           what = launcher._describe(codes[i])  # pylint: disable=protected-access
         except ray.exceptions.RayError as e:  # The actor or its node died.
           codes[i] = -1

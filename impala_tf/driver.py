@@ -108,6 +108,26 @@ def _make_pool(config: config_lib.Config, *args) -> actor_pool.ActorPool:
   return actor_pool.ThreadActorPool(config, *args)
 
 
+def _drain(iterator, deadline: float):
+  """Reads a stopped pipeline to its end (until `deadline`, time.time()).
+
+  Each loader's generator then returns and tf.data finalizes it at once, on its
+  own thread. A generator left suspended is finalized when its iterator is
+  destroyed, and on TensorFlow 2.12 that can happen inside a garbage collection
+  (the learner's bound step captures the iterator in a reference cycle): the
+  collector holds the interpreter lock that the finalizer needs, and the process
+  hangs (seen in CI, in a later test of the same process).
+  Not for several learner workers: their iterator's `next` is a collective.
+  """
+  if iterator is None:
+    return
+  while time.time() < deadline:
+    try:
+      next(iterator)
+    except (StopIteration, tf.errors.OutOfRangeError):
+      return
+
+
 def _first_line(error: BaseException) -> str:
   """`Type: reason` of a TensorFlow error, on one line (at most ~200 chars)."""
   lines = [l.strip() for l in str(error).splitlines() if l.strip()]
@@ -431,6 +451,8 @@ class _Run:
       while source.active and time.time() < deadline:
         time.sleep(0.05)
       if not source.active:
+        if not self.multi:
+          _drain(iterator, deadline)
         del iterator
       # The actors were told to stop (internal_stop). Waiting for the threads (up
       # to actor_pool.STOP_JOIN_SECS for one hung in its env) overlaps the writes;

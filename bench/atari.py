@@ -2,7 +2,8 @@
 
 Usage:
   python bench/atari.py [--env=ALE/Pong-v5] [--seconds=90] [--networks=shallow,deep,deep_lstm]
-      [--backends=gymnasium,envpool] [--env_seconds=15] [--skip_step_vs_bare]
+      [--backends=gymnasium,envpool] [--actor_backends=threads,ray] [--env_seconds=15]
+      [--skip_step_vs_bare]
       [-- extra train flags]
 
 Measurements:
@@ -14,7 +15,8 @@ Measurements:
    (`batch_size` 8 of 16: `recv` the 8 envs that are ready, `send` their actions).
 1. The whole trainer, per network and backend: `python -m impala_tf.train` on the env
    for `seconds` of wall time (SIGINT then), with `--num_actors=2
-   --num_envs_per_actor=8 --batch_size=16 --unroll_length=20 --env_backend=B`. From
+   --num_envs_per_actor=8 --batch_size=16 --unroll_length=20 --env_backend=B
+   --actor_backend=A` (A: `threads` unless `--actor_backends` names more). From
    metrics.jsonl, between the first line after the first learner step and the last
    line: env frames/s (actors), learner frames/s (frames trained; Atari frames =
    agent steps x 4) and learner_wait_fraction.
@@ -93,10 +95,12 @@ def env_only_rates(env, backend, seconds):
   return out
 
 
-def trainer_rates(env, name, seconds, extra, workdir, backend='auto'):
-  logdir = os.path.join(workdir, f'{name}_{backend}')
+def trainer_rates(env, name, seconds, extra, workdir, backend='auto',
+                  actor_backend='threads'):
+  logdir = os.path.join(workdir, f'{name}_{backend}_{actor_backend}')
   cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}', f'--env={env}',
-         '--total_environment_frames=100000000', f'--env_backend={backend}'
+         '--total_environment_frames=100000000', f'--env_backend={backend}',
+         f'--actor_backend={actor_backend}'
         ] + TRAIN_FLAGS + NETWORKS[name] + extra
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   time.sleep(seconds)
@@ -191,6 +195,8 @@ def main():
   parser.add_argument('--networks', default='shallow,deep,deep_lstm')
   parser.add_argument('--backends', default='gymnasium,envpool',
                       help='comma-separated --env_backend values to compare')
+  parser.add_argument('--actor_backends', default='threads',
+                      help='comma-separated --actor_backend values (threads,ray)')
   parser.add_argument('--env_seconds', type=float, default=15,
                       help='seconds per env-only measurement; 0 skips them')
   parser.add_argument('--skip_step_vs_bare', action='store_true',
@@ -207,21 +213,31 @@ def main():
   with tempfile.TemporaryDirectory() as workdir:
     for name in args.networks.split(','):
       for backend in backends:
-        r = {'network': name, 'env_backend': backend, 'flags': NETWORKS[name]}
-        r.update(trainer_rates(args.env, name, args.seconds, args.extra, workdir,
-                               backend))
-        print(json.dumps(r), file=sys.stderr, flush=True)
-        results.append(r)
+        for actor_backend in args.actor_backends.split(','):
+          r = {'network': name, 'env_backend': backend,
+               'actor_backend': actor_backend, 'flags': NETWORKS[name]}
+          r.update(trainer_rates(args.env, name, args.seconds, args.extra, workdir,
+                                 backend, actor_backend))
+          print(json.dumps(r), file=sys.stderr, flush=True)
+          results.append(r)
       if not args.skip_step_vs_bare:
         r = {'network': name, 'step_vs_bare': step_vs_bare(args.env, name)}
         print(json.dumps(r), file=sys.stderr, flush=True)
         results.append(r)
-  rates = {r['env_backend']: r.get('env_fps') for r in results
-           if r.get('network') == 'shallow' and 'env_backend' in r}
+  rates = {(r['env_backend'], r['actor_backend']): r.get('env_fps')
+           for r in results if r.get('network') == 'shallow' and 'env_backend' in r}
   summary = {}
-  if rates.get('gymnasium') and rates.get('envpool'):
-    summary['shallow_trainer_env_fps_envpool_over_gymnasium'] = round(
-        rates['envpool'] / rates['gymnasium'], 2)
+  for actor_backend in args.actor_backends.split(','):
+    gym_fps = rates.get(('gymnasium', actor_backend))
+    pool_fps = rates.get(('envpool', actor_backend))
+    if gym_fps and pool_fps:
+      summary[f'shallow_trainer_env_fps_envpool_over_gymnasium_{actor_backend}'] = (
+          round(pool_fps / gym_fps, 2))
+  for backend in backends:
+    threads, ray = rates.get((backend, 'threads')), rates.get((backend, 'ray'))
+    if threads and ray:
+      summary[f'shallow_trainer_env_fps_ray_over_threads_{backend}'] = round(
+          ray / threads, 2)
   print(json.dumps({
       'benchmark': 'atari_throughput', 'env': args.env,
       'train_flags': TRAIN_FLAGS + args.extra,

@@ -116,6 +116,7 @@ def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
   env = environments.make_vector_env(
       config.env, config.num_envs_per_actor, seed,
       vectorization=config.env_vectorization, backend=config.env_backend,
+      envpool_num_threads=config.envpool_num_threads,
       **environments.env_kwargs(config))
   try:
     with tf.device('/cpu:0'):

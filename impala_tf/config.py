@@ -221,6 +221,7 @@ class Config:
   env: str = 'CartPole-v1'
   env_vectorization: str = 'auto'
   env_backend: str = 'auto'
+  envpool_num_threads: int = 0
   noop_max: int = 30
   episodic_life: bool = False
   frame_stack: int = 4
@@ -457,6 +458,7 @@ _RULES = {
             'must be a gymnasium env id such as CartPole-v1 or ALE/Pong-v5'),
     'env_vectorization': _one_of(ENV_VECTORIZATIONS),
     'env_backend': _one_of(ENV_BACKENDS),
+    'envpool_num_threads': _ints(0),
     'noop_max': _ints(0),
     'episodic_life': (None, 'must be True or False'),
     'frame_stack': _ints(1),

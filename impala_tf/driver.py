@@ -47,6 +47,7 @@ from impala_tf import config as config_lib
 from impala_tf import data
 from impala_tf import distribute
 from impala_tf import environments
+from impala_tf import envpool_env
 from impala_tf import learner as learner_lib
 from impala_tf import losses
 from impala_tf import metrics as metrics_lib
@@ -183,7 +184,17 @@ def train(config: config_lib.Config,
         f'--num_learner_workers={config.num_learner_workers} needs a '
         f'{distribute.TF_CONFIG} naming the workers (python -m impala_tf.train '
         'starts them on this host)')
+  try:
+    # The backend this run uses ('auto' resolved) goes to config.json and the
+    # actors (Ray actors on other nodes too): one backend for the whole run.
+    config = config.replace(env_backend=envpool_env.check_config(config))
+  except config_lib.ConfigError as e:
+    raise TrainingError(f'--{e}') from None
   chief = cluster is None or cluster.is_chief
+  if chief:
+    logging.info('Training %s on %s: %d actor(s) (%s) x %d envs; logdir %s',
+                 config.env, config.env_backend, config.num_actors,
+                 config.actor_backend, config.num_envs_per_actor, config.logdir)
   lock = rundir.LogdirLock(config.logdir)
   try:
     rundir.check_logdir(config.logdir)

@@ -414,7 +414,8 @@ def make_vector_env(env_id: str,
                     repeat_action_probability: Optional[float] = None,
                     async_context: Optional[str] = None,
                     backend: str = 'gymnasium',
-                    render_first: bool = False) -> gym.vector.VectorEnv:
+                    render_first: bool = False,
+                    envpool_num_threads: int = 0) -> gym.vector.VectorEnv:
   """Makes a seeded vector env of `num_envs` preprocessed envs.
 
   See the module docstring for the modes, the seeding rule (env i <- seed + i),
@@ -434,6 +435,8 @@ def make_vector_env(env_id: str,
       `envpool_env.resolve_backend`). With EnvPool the env is an
       `envpool_env.EnvPoolVectorEnv` (same interface, spaces and episode
       semantics; `vectorization` does not apply), seeded but not yet reset.
+    envpool_num_threads: with EnvPool, the pool's C++ threads (0: EnvPool's
+      default).
     render_first: env 0 is made with `render_mode='rgb_array'`, so
       `env.envs[0].render()` returns its RGB frame (`make_env`). The env is then
       a gymnasium 'sync' vector env whatever `backend` and `vectorization` say
@@ -463,7 +466,8 @@ def make_vector_env(env_id: str,
           env_id, num_envs, seed, noop_max=noop_max, frame_stack=frame_stack,
           episodic_life=episodic_life, max_episode_frames=max_episode_frames,
           use_lstm=use_lstm,
-          repeat_action_probability=repeat_action_probability)
+          repeat_action_probability=repeat_action_probability,
+          num_threads=envpool_num_threads)
   mode = resolve_vectorization(env_id, vectorization)
   if mode == 'vector_entry_point':
     spec = _spec(env_id)

@@ -52,6 +52,17 @@ identical unless nothing is random (sticky actions 0, `noop_max=1`).
 `reset(seed=s)` rebuilds the pool with seed `s` (EnvPool seeds only at
 construction), so a reseeded reset is reproducible as with gymnasium.
 
+Threads: each pool steps its envs on `num_threads` C++ threads
+(`--envpool_num_threads`); 0 keeps EnvPool's default, one thread per env up to
+the machine's cores, for each actor's pool.
+
+Choosing the backend (`resolve_backend`, `check_config`): 'auto' takes EnvPool
+for the Atari games it has when envpool is installed and imports, and says in
+one line on stderr why it falls back to gymnasium when envpool is installed but
+does not import. With EnvPool, `--env_vectorization` (other than 'auto') and
+`--env_step_timeout_secs` (other than its default) are refused: EnvPool has no
+vectorization modes and no env processes to time out.
+
 Batching: the pool runs in EnvPool's synchronous mode (`batch_size = num_envs`,
 the actor steps all its envs at once); the C++ threads step the envs in parallel
 while the GIL is released, and the driver's actor threads overlap one actor's
@@ -61,6 +72,7 @@ measurements behind this choice.
 
 import importlib.util
 import math
+import sys
 from typing import Any, Dict, Optional
 
 import gymnasium as gym
@@ -74,11 +86,36 @@ _FRAME_SKIP = 4
 _SCREEN = 84
 _DEFAULT_STICKY = 0.25  # ale-py's default repeat_action_probability.
 _task_ids = None  # ALE game name ('pong') -> EnvPool id ('Pong-v5').
+_UNSET = object()
+_import_error = _UNSET  # Why `import envpool` failed ('' when it worked).
+_warned = set()  # Fallback lines already printed by this process.
+# --env_step_timeout_secs's default, the only value EnvPool accepts (config's
+# default; not imported from there to keep this module light).
+_STEP_TIMEOUT_DEFAULT = 60.0
 
 
 def available() -> bool:
-  """Whether envpool can be imported (without importing it)."""
+  """Whether envpool is installed (without importing it)."""
   return importlib.util.find_spec('envpool') is not None
+
+
+def _import_envpool():
+  import envpool  # pylint: disable=g-import-not-at-top,unused-import
+
+
+def import_error() -> str:
+  """Why `import envpool` fails ('' when it imports); tried once per process."""
+  global _import_error
+  if _import_error is _UNSET:
+    try:
+      _import_envpool()
+      _import_error = ''
+    except Exception as e:  # pylint: disable=broad-except
+      # ImportError, or whatever a broken build raises at import (OSError for a
+      # missing shared library, AttributeError for a numpy it was not built for).
+      text = ' '.join(str(e).split()) or 'no message'
+      _import_error = f'{type(e).__name__}: {text[:200]}'
+  return _import_error
 
 
 def _envpool_task_ids() -> Dict[str, str]:
@@ -136,6 +173,9 @@ def unsupported_reason(env_id: str, noop_max: int) -> Optional[str]:
   """Why EnvPool cannot run `env_id` with these flags, or None if it can."""
   if not available():
     return f'envpool is not installed; {INSTALL_HINT}'
+  if _gym_kwargs(env_id) is not None and import_error():
+    return (f'envpool is installed but does not import ({import_error()}); '
+            f'reinstall it ({INSTALL_HINT}) or use --env_backend=gymnasium')
   if task_id(env_id) is None:
     return f'EnvPool has no Atari game for env {env_id!r}'
   if noop_max < 1:
@@ -166,7 +206,39 @@ def resolve_backend(backend: str, env_id: str, noop_max: int = 30) -> str:
     if reason is not None:
       raise ConfigError('env_backend', backend, reason)
     return backend
+  if reason is not None and 'does not import' in reason:
+    line = (f'impala_tf: --env_backend=auto: {reason.split(";")[0]}; using '
+            'gymnasium')
+    if line not in _warned:
+      _warned.add(line)
+      print(line, file=sys.stderr, flush=True)
   return 'gymnasium' if reason is not None else 'envpool'
+
+
+def check_config(config) -> str:
+  """The backend a run uses, after refusing the flags EnvPool ignores.
+
+  Args:
+    config: an `impala_tf.config.Config` (its env, env_backend, noop_max,
+      env_vectorization, env_step_timeout_secs).
+
+  Returns:
+    'gymnasium' or 'envpool' (`resolve_backend`).
+
+  Raises:
+    ConfigError: as `resolve_backend`; or for `env_vectorization` (not 'auto')
+      or `env_step_timeout_secs` (not its default) when the backend is EnvPool.
+  """
+  used = resolve_backend(config.env_backend, config.env, config.noop_max)
+  if used == 'envpool':
+    why = (f'has no effect on EnvPool (--env_backend={config.env_backend} runs '
+           f'{config.env} on EnvPool\'s C++ threads); leave it out or use '
+           '--env_backend=gymnasium')
+    if config.env_vectorization != 'auto':
+      raise ConfigError('env_vectorization', config.env_vectorization, why)
+    if float(config.env_step_timeout_secs) != _STEP_TIMEOUT_DEFAULT:
+      raise ConfigError('env_step_timeout_secs', config.env_step_timeout_secs, why)
+  return used
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
@@ -294,7 +366,11 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
     if life_reset.any():
       actions = np.where(life_reset, 0, actions).astype(np.int32)
     frames, reward, terminated, truncated, info = self._pool.step(actions)
-    terminated = np.asarray(terminated, bool)
+    # EnvPool reports a game that ends on the time-limit step as truncated only;
+    # its info['terminated'] still says the game ended, and gymnasium's TimeLimit
+    # reports both (no bootstrap from a lost game).
+    terminated = np.asarray(terminated, bool) | np.asarray(
+        info.get('terminated', False), bool)
     truncated = np.asarray(truncated, bool)
     reward = np.asarray(reward, np.float32)
     game_over = terminated | truncated
@@ -303,9 +379,12 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
     if not self._episodic_life:
       return obs, reward, terminated, truncated, self._infos(info, game_over)
     lives = np.asarray(info['lives'], np.int32)
-    life_lost = (0 < lives) & (lives < self._lives) & ~game_over & ~life_reset
+    # A life lost on the time-limit step ends the episode as terminated (and
+    # truncated), as `environments.EpisodicLifeEnv` under TimeLimit says; the
+    # game is over then, so the pool restarts it rather than taking a no-op.
+    life_lost = (0 < lives) & (lives < self._lives) & ~life_reset
     self._lives = lives
-    self._life_reset = life_lost
+    self._life_reset = life_lost & ~game_over
     # The no-op step after a lost life starts an episode: reward dropped, not
     # an end unless the game ended during it (then it is a zero-length,
     # truncated episode and the pool restarts the game on the next step).
@@ -363,12 +442,14 @@ def make_vector_env(env_id: str,
                     episodic_life: bool = False,
                     max_episode_frames: int = 108_000,
                     use_lstm: bool = False,
-                    repeat_action_probability: Optional[float] = None
+                    repeat_action_probability: Optional[float] = None,
+                    num_threads: int = 0
                     ) -> EnvPoolVectorEnv:
   """An `EnvPoolVectorEnv` of `num_envs` envs seeded with `seed`.
 
   Arguments as `environments.make_vector_env` (there is no vectorization mode:
-  EnvPool vectorises in C++). The pool is seeded when it is built, so the first
+  EnvPool vectorises in C++); `num_threads`: the pool's C++ threads, 0 for
+  EnvPool's default (one per env, at most the machine's cores). The pool is seeded when it is built, so the first
   `reset()` (with `seed` or without) starts the seeded episodes.
 
   Raises:
@@ -379,8 +460,8 @@ def make_vector_env(env_id: str,
   if reason is not None:
     raise ConfigError('env_backend', 'envpool', reason)
   env = EnvPoolVectorEnv(
-      make_kwargs(env_id, noop_max, max_episode_frames,
-                  repeat_action_probability),
+      dict(make_kwargs(env_id, noop_max, max_episode_frames,
+                       repeat_action_probability), num_threads=int(num_threads)),
       num_envs, seed, 1 if use_lstm else frame_stack, episodic_life)
   env.action_space.seed(seed)
   env.single_action_space.seed(seed)

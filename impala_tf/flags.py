@@ -91,15 +91,23 @@ SECTIONS = (
               "How an actor steps its num_envs_per_actor envs: 'sync' (gymnasium "
               "SyncVectorEnv, in the actor's thread), 'async' (AsyncVectorEnv, one "
               "subprocess per env), 'auto' (the env's own batched implementation "
-              "where gymnasium registers one, e.g. CartPole; else 'sync')."),
+              "where gymnasium registers one, e.g. CartPole; else 'sync'). Only "
+              "'auto' with EnvPool, which vectorizes in C++."),
         _Flag('env_backend', 'enum',
               "Atari emulator backend: 'gymnasium' (ale-py with gymnasium's "
               "wrappers, stepped as --env_vectorization says), 'envpool' (EnvPool's "
               "C++ thread pool; needs pip install envpool, in the atari extra), "
               "'auto' (EnvPool for the Atari games it has when it is installed and "
-              "--noop_max >= 1, else gymnasium). Both give the same preprocessing, "
-              'episode ends, returns and observation layout. Non-Atari envs always '
-              'use gymnasium.'),
+              "--noop_max >= 1, else gymnasium; one line on stderr says so when "
+              "envpool is installed but does not import). Both give the same "
+              'preprocessing, episode ends, returns and observation layout. '
+              'Non-Atari envs always use gymnasium. The backend a run used is '
+              'written to its config.json and its first log line.'),
+        _Flag('envpool_num_threads', 'int',
+              "With EnvPool: C++ threads of each actor's env pool; 0 is EnvPool's "
+              "default, one per env up to the machine's cores (per actor: with many "
+              'actors on many cores, set it to about cores / num_actors). '
+              'Range: >= 0.'),
         _Flag('noop_max', 'int',
               'Atari: up to this many no-op frames (a random number) after each '
               'reset (DeepMind preprocessing). 0 disables. Range: >= 0.'),
@@ -120,7 +128,7 @@ SECTIONS = (
               "--env_vectorization=async: seconds an actor waits for one step of "
               'its envs; an env that takes longer is treated as hung: the actor is '
               'restarted with fresh env processes (like an env that raises). '
-              'Range: > 0.'),
+              'Refused with EnvPool (no env processes). Range: > 0.'),
     )),
     ('actors', 'Actors', (
         _Flag('num_actors', 'int',

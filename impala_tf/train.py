@@ -58,7 +58,7 @@ def validated_config() -> config_lib.Config:
     # bad flag is reported without importing it.
     quiet.quiet_tensorflow(FLAGS.verbosity)
     from impala_tf import envpool_env  # pylint: disable=g-import-not-at-top
-    envpool_env.resolve_backend(cfg.env_backend, cfg.env, cfg.noop_max)
+    envpool_env.check_config(cfg)  # Refuses flags EnvPool ignores.
     if config_lib.is_user_network(cfg.network):
       from impala_tf import networks  # pylint: disable=g-import-not-at-top
       try:

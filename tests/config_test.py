@@ -18,6 +18,7 @@ CONFIG_ERRORS = [
     (dict(env=' '), 'env', ' '),
     (dict(env_vectorization='threads'), 'env_vectorization', 'threads'),
     (dict(env_backend='pool'), 'env_backend', 'pool'),
+    (dict(envpool_num_threads=-1), 'envpool_num_threads', '-1'),
     (dict(learner_steps_per_call=0), 'learner_steps_per_call', '0'),
     (dict(learner_jit='xla'), 'learner_jit', 'xla'),
     # XLA cannot compile a sum over replicas before the gradient (PopArt's).

@@ -98,8 +98,11 @@ def test_run_leaves_config_and_metrics(replay_run):
   assert result.logdir == logdir
   with open(os.path.join(logdir, 'config.json'), encoding='utf-8') as f:
     saved = json.load(f)
-  assert saved == config.to_dict()
-  assert config_lib.Config.from_dict(saved) == config
+  # The flags as given, with the env backend the run used ('auto' resolved).
+  assert config.env_backend == 'auto' and saved['env_backend'] == 'gymnasium'
+  used = config.replace(env_backend='gymnasium')
+  assert saved == used.to_dict()
+  assert config_lib.Config.from_dict(saved) == used
   lines = _read_metrics(logdir)
   assert len(lines) >= 2 and len(lines) == len(seen)
   _check_counters(lines, config)

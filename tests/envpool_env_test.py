@@ -61,6 +61,70 @@ def test_envpool_missing_is_a_one_line_error_naming_the_install(monkeypatch):
   assert envpool_env.resolve_backend('auto', 'ALE/Pong-v5') == 'gymnasium'
 
 
+def _broken_envpool(monkeypatch):
+  """envpool installed, but its import raises (a build for another numpy)."""
+  def fail():
+    raise ImportError('numpy.core.multiarray failed to import\n(details)')
+  monkeypatch.setattr(envpool_env, 'available', lambda: True)
+  monkeypatch.setattr(envpool_env, '_import_envpool', fail)
+  monkeypatch.setattr(envpool_env, '_import_error', envpool_env._UNSET)
+  monkeypatch.setattr(envpool_env, '_warned', set())
+
+
+@needs_atari
+def test_auto_falls_back_with_one_line_when_envpool_does_not_import(
+    monkeypatch, capsys):
+  _broken_envpool(monkeypatch)
+  assert envpool_env.resolve_backend('auto', 'ALE/Pong-v5') == 'gymnasium'
+  assert envpool_env.resolve_backend('auto', 'ALE/Pong-v5') == 'gymnasium'
+  err = capsys.readouterr().err
+  assert err == ('impala_tf: --env_backend=auto: envpool is installed but does not '
+                 'import (ImportError: numpy.core.multiarray failed to import '
+                 '(details)); using gymnasium\n')  # Once per process.
+  with pytest.raises(ConfigError, match='env_backend') as e:
+    envpool_env.resolve_backend('envpool', 'ALE/Pong-v5')
+  assert '\n' not in str(e.value)
+  assert 'does not import (ImportError' in str(e.value)
+  assert '--env_backend=gymnasium' in str(e.value)
+  # Non-Atari envs never try the import.
+  monkeypatch.setattr(envpool_env, '_import_error', envpool_env._UNSET)
+  assert envpool_env.resolve_backend('auto', 'CartPole-v1') == 'gymnasium'
+  assert envpool_env._import_error is envpool_env._UNSET
+  assert capsys.readouterr().err == ''
+
+
+@needs_envpool
+@pytest.mark.parametrize('field,value', [('env_vectorization', 'async'),
+                                         ('env_vectorization', 'sync'),
+                                         ('env_step_timeout_secs', 5.0)])
+@pytest.mark.parametrize('backend', ['envpool', 'auto'])
+def test_flags_envpool_ignores_are_refused(field, value, backend):
+  from impala_tf import config as config_lib  # pylint: disable=g-import-not-at-top
+  cfg = config_lib.Config(env='ALE/Pong-v5', env_backend=backend, **{field: value})
+  with pytest.raises(ConfigError, match=f'^{field}={value}: has no effect on '
+                     'EnvPool') as e:
+    envpool_env.check_config(cfg)
+  assert '--env_backend=gymnasium' in str(e.value) and '\n' not in str(e.value)
+  # The gymnasium backend uses them; EnvPool with the defaults is fine.
+  assert envpool_env.check_config(cfg.replace(env_backend='gymnasium')) == 'gymnasium'
+  assert envpool_env.check_config(config_lib.Config(
+      env='ALE/Pong-v5', env_backend=backend)) == 'envpool'
+  # A classic env never uses EnvPool under 'auto': nothing is refused.
+  assert envpool_env.check_config(cfg.replace(env='CartPole-v1', env_backend='auto')
+                                  ) == 'gymnasium'
+
+
+@needs_envpool
+def test_num_threads_reaches_the_pool():
+  for threads in (0, 1, 3):
+    env = environments.make_vector_env('ALE/Pong-v5', 4, 0, backend='envpool',
+                                       envpool_num_threads=threads)
+    try:
+      assert env._pool.config['num_threads'] == threads
+    finally:
+      env.close()
+
+
 def test_auto_uses_gymnasium_for_classic_envs():
   assert envpool_env.resolve_backend('auto', 'CartPole-v1') == 'gymnasium'
   env = environments.make_vector_env('CartPole-v1', 2, 0, backend='auto')
@@ -157,9 +221,12 @@ def _game_returns(rewards, stepped, over):
 @needs_envpool
 @pytest.mark.parametrize('episodic_life', [False, True], ids=['games', 'lives'])
 def test_scripted_actions_give_the_same_steps(episodic_life):
-  # 602 frames: truncated at agent step 151 (1 no-op frame + 150 * 4 + 1).
+  # 605 frames: truncated at the last frame of agent step 151 (1 no-op frame +
+  # 151 * 4), so both backends emulate the same frames up to the limit. (With a
+  # limit inside a step, gymnasium stops the ALE there, EnvPool runs the whole
+  # step: a life lost in its last frames is seen by EnvPool only.)
   steps = 450
-  gym_env, pool_env = _both(episodic_life=episodic_life, max_episode_frames=602)
+  gym_env, pool_env = _both(episodic_life=episodic_life, max_episode_frames=605)
   rng = np.random.default_rng(1)
   record = {'gym': [], 'pool': []}
   elapsed = []  # EnvPool's agent steps since the game started.
@@ -204,6 +271,47 @@ def test_scripted_actions_give_the_same_steps(episodic_life):
       for name, rec in record.items()}
   assert game_returns['pool'] == game_returns['gym']
   assert any(r > 0 for _, r in game_returns['gym'])
+
+
+@needs_envpool
+@pytest.mark.parametrize('game,fire,end_step,episodic_life', [
+    ('PongNoFrameskip-v4', False, 764, False),  # Lost 0-21 standing still.
+    ('BreakoutNoFrameskip-v4', True, 25, True),  # The first ball is missed.
+], ids=['game_over_on_the_limit', 'life_lost_on_the_limit'])
+def test_an_end_on_the_time_limit_step_is_terminated_on_both(
+    game, fire, end_step, episodic_life):
+  # Scripted (FIRE once, then no-ops), no randomness: the game ends (Pong) or a
+  # life is lost (Breakout) at agent step `end_step`; the time limit falls on
+  # that same step (its last frame but one: gymnasium then reports both). EnvPool
+  # reports such a step as truncated only; both backends must say terminated
+  # (no bootstrap) and truncated, a game over, and start a new game next.
+  kwargs = dict(noop_max=1, episodic_life=episodic_life,
+                max_episode_frames=4 * end_step)
+  envs = {
+      'gym': environments.make_vector_env(game, 1, 0, vectorization='sync',
+                                          backend='gymnasium', **kwargs),
+      'pool': environments.make_vector_env(game, 1, 0, backend='envpool', **kwargs)}
+  try:
+    for name, env in envs.items():
+      environments.reset(env, 0)
+      for t in range(end_step + 1):
+        action = np.array([1 if fire and t == 0 else 0], np.int32)
+        obs, reward, terminated, truncated, infos = env.step(action)
+        over = environments.game_over(terminated, truncated, infos)
+        if t < end_step - 1:
+          assert not (terminated[0] or truncated[0]), (name, t)
+        elif t == end_step - 1:
+          assert terminated[0] and truncated[0] and over[0], name
+          lives = infos['lives'][0] if 'lives' in infos else None
+        else:  # The step after: the first of a new game, whole lives.
+          assert not (terminated[0] or truncated[0]) and reward[0] == 0, name
+          if episodic_life:
+            assert infos['lives'][0] == lives + 1, name
+            for c in range(3):  # A fresh stack: the new game's first frame.
+              np.testing.assert_array_equal(obs[0, ..., c], obs[0, ..., 3])
+  finally:
+    for env in envs.values():
+      env.close()
 
 
 @needs_envpool
@@ -269,25 +377,74 @@ def test_next_step_autoreset_after_game_over():
     env.close()
 
 
+class _Recording:
+  """A policy that records what it is given (the observation, the action taken
+  on the previous one, `first`) and the logits it returns."""
+
+  def __init__(self, policy):
+    self._policy = policy
+    self.observations, self.actions, self.firsts, self.logits = [], [], [], []
+
+  def initial_state(self, batch_size):
+    return self._policy.initial_state(batch_size)
+
+  def __call__(self, observation, prev_action, reward, first, state):
+    logits, state = self._policy(observation, prev_action, reward, first, state)
+    self.observations.append(np.array(observation))
+    self.actions.append(np.array(prev_action))
+    self.firsts.append(np.array(first))
+    self.logits.append(np.array(logits))
+    return logits, state
+
+
 @needs_envpool
-def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path):
+def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
   # pylint: disable=g-import-not-at-top
+  from impala_tf import checkpoints
   from impala_tf import driver
   from impala_tf import evaluate
   from impala_tf import testing
   logdir = str(tmp_path / 'run')
+  caplog.set_level('INFO')
   driver.train(testing.tiny_config(
-      logdir=logdir, env='PongNoFrameskip-v4', env_backend='envpool',
+      logdir=logdir, env='PongNoFrameskip-v4', env_backend='auto',
       network='shallow', noop_max=1, max_episode_frames=200, num_envs_per_actor=2,
       batch_size=2, unroll_length=5, total_environment_frames=80))
-  results = {
-      backend: evaluate.evaluate(logdir, num_episodes=2, greedy=True, seed=3,
-                                 env_backend=backend)
-      for backend in ('gymnasium', 'envpool')}
-  # Deterministic game, greedy policy, identical observations: identical games.
-  assert results['envpool']['episode_lengths'] == [50, 50]  # 200 frames / 4.
+  # The backend 'auto' chose is what the run records and says first.
+  config, network, _ = checkpoints.restore_network(logdir)
+  assert config.env_backend == 'envpool'
+  assert caplog.messages[0].startswith('Training PongNoFrameskip-v4 on envpool: ')
+  games = {}
+  for backend in ('gymnasium', 'envpool'):
+    policy = _Recording(evaluate._CheckpointPolicy(network))  # pylint: disable=protected-access
+    # Sampled actions (seeded: the same draws on both) exercise more of the game
+    # than this barely trained net's greedy action.
+    result = evaluate.run_episodes(config.replace(env_backend=backend), policy,
+                                   num_episodes=2, seed=3)
+    games[backend] = (result, policy)
+  (gym_result, gym_seen), (pool_result, pool_seen) = (games['gymnasium'],
+                                                      games['envpool'])
+  # Deterministic game, the same policy and draws: the same games, step by step.
+  assert pool_result['episode_lengths'] == [50, 50]  # 200 frames / 4.
   for key in ('episode_returns', 'episode_lengths'):
-    assert results['envpool'][key] == results['gymnasium'][key]
+    assert pool_result[key] == gym_result[key]
+  # The policy saw each episode's 50 observations before its last (both games
+  # end at once; the last, where the backends max-pool different leftover
+  # frames as the time limit stops the ALE inside its 4-frame step, is not
+  # acted on): the same observations, logits and actions taken on them.
+  assert len(pool_seen.observations) == len(gym_seen.observations) == 50
+  np.testing.assert_array_equal(np.stack(pool_seen.firsts),
+                                np.stack(gym_seen.firsts))
+  for t in range(50):
+    np.testing.assert_array_equal(pool_seen.observations[t],
+                                  gym_seen.observations[t], err_msg=f'step {t}')
+    np.testing.assert_array_equal(pool_seen.logits[t], gym_seen.logits[t],
+                                  err_msg=f'step {t}')
+    np.testing.assert_array_equal(pool_seen.actions[t], gym_seen.actions[t],
+                                  err_msg=f'step {t}')
+  assert len(np.unique(np.stack(gym_seen.actions[1:]))) > 2
+  # And not a game that stood still: its frames changed along the way.
+  assert not np.array_equal(gym_seen.observations[10], gym_seen.observations[40])
 
 
 if __name__ == '__main__':

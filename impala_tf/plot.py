@@ -2,7 +2,7 @@
 
     python -m impala_tf.plot /tmp/run_a /tmp/run_b --output=curve.png
         [--x=frames|hours] [--random=auto|none|R] [--target=T] [--title=TEXT]
-        [--env=ID] [--label=A --label=B]
+        [--env=ID] [--label=A --label=B] [--mark=FRAMES:RETURN:TEXT ...]
 
 Draws the 100-episode mean return (`episode_return_mean` of `metrics.jsonl`) against
 env frames (`--x=hours`: wall-clock hours) into a PNG, and prints one JSON object
@@ -19,6 +19,9 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
   of known envs, `RANDOM_SCORES`; or a number; `none` draws nothing) and
   `--target` (default: the runs' `--target_return` when they share one) are
   dashed horizontal lines.
+* `--mark=FRAMES:RETURN:TEXT` (repeated) draws a reference point, e.g. another
+  package's published result (`--mark=20e6:18:RLlib tuned IMPALA`), as a marker
+  at FRAMES env frames (`--x=frames` only) and RETURN, named TEXT in the legend.
 * The title names the env and the frames (`PongNoFrameskip-v4, 11.2M env
   frames`); `--title` replaces it. `--env` names the env of runs without a
   config.json.
@@ -27,7 +30,8 @@ The summary has, per run: `path`, `label`, `env`, `points` (lines with a return)
 `first_return_mean`, `last_return_mean`, `best_return_mean`, `env_frames`,
 `wall_hours`, `episodes`; per line (`lines`): `label`, `runs`, `last_return_mean`
 (mean over its seeds) and the band's `last_return_min` / `last_return_max`; and
-`output`, `x`, `random`, `target`, `title`.
+`output`, `x`, `random`, `target`, `title`, `marks` (`frames`, `return`,
+`text` each).
 
 Needs matplotlib: `pip install 'impala_tf[plot]'`. Errors (no metrics.jsonl, no
 returns in it, no matplotlib, a bad flag) end the program with exit status 2 and one
@@ -95,6 +99,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
          "frames').")
   define(flags.DEFINE_string, 'env', None,
          'The env id of runs without a config.json (a bare metrics.jsonl).')
+  define(flags.DEFINE_multi_string, 'mark', None,
+         'A reference point FRAMES:RETURN:TEXT (repeat for more), drawn as a '
+         'marker named TEXT, e.g. 20e6:18:RLlib tuned IMPALA. Needs --x=frames.')
   define(flags.DEFINE_multi_string, 'label', None,
          'Legend name of a line; repeat it, one per line in the order of the '
          'arguments (repeated seeds of the same flags are one line).')
@@ -235,6 +242,22 @@ def _band(group: List[Dict[str, object]], x: str):
   return xs, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
+def _mark(text: str) -> Dict[str, object]:
+  """A `--mark` value 'FRAMES:RETURN:TEXT' as {'frames', 'return', 'text'}."""
+  parts = text.split(':', 2)
+  try:
+    if len(parts) != 3 or not parts[2].strip():
+      raise ValueError
+    frames, ret = float(parts[0]), float(parts[1])
+  except ValueError:
+    raise PlotError(f'--mark={text}: must be FRAMES:RETURN:TEXT, e.g. '
+                    '20e6:18:RLlib tuned IMPALA') from None
+  if not (np.isfinite(frames) and np.isfinite(ret)) or frames < 0:
+    raise PlotError(f'--mark={text}: FRAMES must be a number >= 0 and RETURN a '
+                    'finite number')
+  return {'frames': frames, 'return': ret, 'text': parts[2].strip()}
+
+
 def _frames_text(frames: int) -> str:
   if frames >= 1e6:
     return f'{frames / 1e6:.1f}M'
@@ -246,7 +269,8 @@ def _frames_text(frames: int) -> str:
 def plot(paths: Sequence[str], output: str, x: str = 'frames',
          random: object = 'auto', target: Optional[float] = None,
          title: Optional[str] = None, env: Optional[str] = None,
-         labels: Optional[Sequence[str]] = None) -> Dict[str, object]:
+         labels: Optional[Sequence[str]] = None,
+         marks: Optional[Sequence[str]] = None) -> Dict[str, object]:
   """Draws the return curves of `paths` into the PNG `output`; see the module doc.
 
   Args:
@@ -258,6 +282,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     title: None for '<env>, <frames> env frames'.
     env: the env id of runs without config.json.
     labels: the legend names of the lines (one per line), or None.
+    marks: reference points 'FRAMES:RETURN:TEXT' (see the module docstring).
 
   Returns:
     The summary dict (the module docstring lists its keys).
@@ -279,6 +304,9 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   parent = os.path.dirname(os.path.abspath(output))
   if not os.path.isdir(parent):
     raise PlotError(f'--output={output}: no such directory {parent}')
+  points = [_mark(m) for m in marks or ()]
+  if points and x != 'frames':
+    raise PlotError(f'--mark={marks[0]}: needs --x=frames (a mark is at env frames)')
   runs = [read_run(p, env) for p in paths]
   groups = _group(runs)
   names = list(labels) if labels else _labels(groups)
@@ -339,6 +367,9 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     ax.axhline(random_score, ls='--', c='gray', label=f'random play ({random_score:g})')
   if target is not None:
     ax.axhline(target, ls='--', c='green', label=f'target ({target:g})')
+  for point in points:
+    ax.plot([point['frames'] / scale], [point['return']], marker='*', ms=12,
+            ls='none', label=point['text'])
   ax.set_xlabel(xlabel)
   ax.set_ylabel('mean return, last 100 episodes')
   ax.set_title(title)
@@ -355,6 +386,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
       'title': title,
       'random': random_score,
       'target': target,
+      'marks': points,
       'lines': lines,
       'runs': [{
           'path': r['path'],
@@ -382,7 +414,7 @@ def main(argv):
     flags_lib.exit_with_error('--output is required: the PNG to write', PROG)
   try:
     summary = plot(paths, fv.output, x=fv.x, random=fv.random, target=fv.target,
-                   title=fv.title, env=fv.env, labels=fv.label)
+                   title=fv.title, env=fv.env, labels=fv.label, marks=fv.mark)
   except PlotError as e:
     flags_lib.exit_with_error(str(e), PROG)
   print(json.dumps(summary, sort_keys=True), flush=True)

@@ -111,6 +111,23 @@ def test_hours_axis_random_and_target_flags(runs, tmp_path):
     plot.plot([other], out, labels=['a', 'b'])
 
 
+def test_marks_are_drawn_and_summarised(runs, tmp_path):
+  _, _, other = runs
+  out = str(tmp_path / 'marks.png')
+  s = plot.plot([other], out, marks=['20e6:18:RLlib tuned IMPALA', '5:-1.5: x:y '])
+  assert s['marks'] == [
+      {'frames': 20e6, 'return': 18.0, 'text': 'RLlib tuned IMPALA'},
+      {'frames': 5.0, 'return': -1.5, 'text': 'x:y'}]
+  assert _png_shape(out)[:2] == (400, 700)
+  assert plot.plot([other], out)['marks'] == []
+  for bad in ('20e6:18', '20e6:18: ', 'a:18:x', '20e6:b:x', '-1:0:x', 'inf:0:x',
+              '1:nan:x'):
+    with pytest.raises(plot.PlotError, match=f'^--mark={re.escape(bad)}: '):
+      plot.plot([other], out, marks=[bad])
+  with pytest.raises(plot.PlotError, match='needs --x=frames'):
+    plot.plot([other], out, x='hours', marks=['1:1:x'])
+
+
 def test_random_scores_by_game_name():
   assert plot._random_score('PongNoFrameskip-v4') == -20.7
   assert plot._random_score('ALE/Pong-v5') == -20.7

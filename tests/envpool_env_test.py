@@ -13,6 +13,7 @@ ones that check the error a user gets without it).
 import importlib.util
 import sys
 
+from absl import logging as absl_logging
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -406,14 +407,20 @@ def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
   from impala_tf import testing
   logdir = str(tmp_path / 'run')
   caplog.set_level('INFO')
-  driver.train(testing.tiny_config(
-      logdir=logdir, env='PongNoFrameskip-v4', env_backend='auto',
-      network='shallow', noop_max=1, max_episode_frames=200, num_envs_per_actor=2,
-      batch_size=2, unroll_length=5, total_environment_frames=80))
-  # The backend 'auto' chose is what the run records and says first.
+  verbosity = absl_logging.get_verbosity()  # Earlier tests may have lowered it.
+  absl_logging.set_verbosity(absl_logging.INFO)
+  try:
+    driver.train(testing.tiny_config(
+        logdir=logdir, env='PongNoFrameskip-v4', env_backend='auto',
+        network='shallow', noop_max=1, max_episode_frames=200, num_envs_per_actor=2,
+        batch_size=2, unroll_length=5, total_environment_frames=80))
+  finally:
+    absl_logging.set_verbosity(verbosity)
+  # The backend 'auto' chose is what the run records and logs first.
   config, network, _ = checkpoints.restore_network(logdir)
   assert config.env_backend == 'envpool'
-  assert caplog.messages[0].startswith('Training PongNoFrameskip-v4 on envpool: ')
+  logged = [r.getMessage() for r in caplog.records if r.name == 'absl']
+  assert logged[0].startswith('Training PongNoFrameskip-v4 on envpool: '), logged[:3]
   games = {}
   for backend in ('gymnasium', 'envpool'):
     policy = _Recording(evaluate._CheckpointPolicy(network))  # pylint: disable=protected-access

@@ -79,6 +79,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 import numpy as np
 
+from impala_tf.config import Config
 from impala_tf.config import ConfigError
 
 INSTALL_HINT = 'pip install -e ".[atari]" (or pip install envpool)'
@@ -89,9 +90,6 @@ _task_ids = None  # ALE game name ('pong') -> EnvPool id ('Pong-v5').
 _UNSET = object()
 _import_error = _UNSET  # Why `import envpool` failed ('' when it worked).
 _warned = set()  # Fallback lines already printed by this process.
-# --env_step_timeout_secs's default, the only value EnvPool accepts (config's
-# default; not imported from there to keep this module light).
-_STEP_TIMEOUT_DEFAULT = 60.0
 
 
 def available() -> bool:
@@ -169,11 +167,17 @@ def task_id(env_id: str) -> Optional[str]:
   return _envpool_task_ids().get(kwargs['game'])
 
 
+def _broken(env_id: str) -> bool:
+  """Whether `env_id` is an Atari game and the installed envpool fails to import
+  (tried only for Atari games)."""
+  return _gym_kwargs(env_id) is not None and bool(import_error())
+
+
 def unsupported_reason(env_id: str, noop_max: int) -> Optional[str]:
   """Why EnvPool cannot run `env_id` with these flags, or None if it can."""
   if not available():
     return f'envpool is not installed; {INSTALL_HINT}'
-  if _gym_kwargs(env_id) is not None and import_error():
+  if _broken(env_id):
     return (f'envpool is installed but does not import ({import_error()}); '
             f'reinstall it ({INSTALL_HINT}) or use --env_backend=gymnasium')
   if task_id(env_id) is None:
@@ -206,7 +210,7 @@ def resolve_backend(backend: str, env_id: str, noop_max: int = 30) -> str:
     if reason is not None:
       raise ConfigError('env_backend', backend, reason)
     return backend
-  if reason is not None and 'does not import' in reason:
+  if reason is not None and available() and _broken(env_id):
     line = (f'impala_tf: --env_backend=auto: {reason.split(";")[0]}; using '
             'gymnasium')
     if line not in _warned:
@@ -236,7 +240,7 @@ def check_config(config) -> str:
            '--env_backend=gymnasium')
     if config.env_vectorization != 'auto':
       raise ConfigError('env_vectorization', config.env_vectorization, why)
-    if float(config.env_step_timeout_secs) != _STEP_TIMEOUT_DEFAULT:
+    if float(config.env_step_timeout_secs) != Config.env_step_timeout_secs:
       raise ConfigError('env_step_timeout_secs', config.env_step_timeout_secs, why)
   return used
 

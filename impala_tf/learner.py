@@ -27,7 +27,7 @@ use), which is checkpointed with the rest.
 """
 
 import functools
-from typing import Callable, Dict
+from typing import Callable, Dict, Sequence
 
 import tensorflow as tf
 
@@ -74,6 +74,24 @@ def uses_jit(config: config_lib.Config, num_replicas: int) -> bool:
 def _time_major(x: tf.Tensor) -> tf.Tensor:
   """`[B, T, ...]` -> `[T, B, ...]`."""
   return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+
+
+def _sum_in_order(terms: Sequence[tf.Tensor]) -> tf.Tensor:
+  """`terms[0] + terms[1] + ...`, added in the same order on every replica.
+
+  A chain of `+` becomes one `AddN` under Grappler, and `AddN` starts from
+  whichever input buffer it can reuse at run time, so two replicas adding the
+  same all-reduced values can round differently and their mirrors drift apart
+  (seen on CPU under load: 1e-8 in the gradient, then in the weights). A sum
+  over a stacked axis has one order.
+
+  Args:
+    terms: float tensors of one shape and dtype.
+
+  Returns:
+    Their sum, of that shape and dtype.
+  """
+  return tf.reduce_sum(tf.stack(list(terms)), axis=0)
 
 
 class Learner(tf.Module):
@@ -339,7 +357,7 @@ class Learner(tf.Module):
           batch, term_norms, lambda x: ctx.all_reduce(_SUM, x))
     if term_norms:
       term_grads, diags = ctx.all_reduce(_SUM, (grads, diags))
-      grads = [a + b + e for a, b, e in zip(*term_grads)]
+      grads = [_sum_in_order(terms) for terms in zip(*term_grads)]
       for name, g in zip(('policy', 'baseline', 'entropy'), term_grads):
         diags[f'grad_norm_{name}'] = tf.linalg.global_norm(g)
     else:
@@ -527,6 +545,10 @@ class Learner(tf.Module):
 
     def assign_all(strategy, *values):
       for var, value in zip(targets, values):
+        # The first replica's value on every mirror: the values agree in exact
+        # arithmetic, and taking one makes the mirrors equal by construction
+        # (they are a few floats; the copy is free).
+        value = strategy.experimental_local_results(value)[0]
         strategy.extended.update(var, lambda v, x: v.assign(x), args=(value,),
                                  group=False)
 

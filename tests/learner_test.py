@@ -611,6 +611,16 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
 """)
 
 
+def test_term_gradients_are_summed_left_to_right():
+  # In float32, (1e8 + -1e8) + 1 is 1 but 1e8 + (-1e8 + 1) is 0: the sum of the
+  # three term gradients has one order, the same on every replica.
+  a = tf.constant([1e8, 1.0], tf.float32)
+  b = tf.constant([-1e8, 2.0], tf.float32)
+  e = tf.constant([1.0, 4.0], tf.float32)
+  total = tf.function(learner_lib._sum_in_order)([a, b, e])
+  np.testing.assert_array_equal(total.numpy(), [1.0, 7.0])
+
+
 def test_tower_property_two_replicas_equal_one(tmp_path):
   cases = {}
   specs = {

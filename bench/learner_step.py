@@ -11,6 +11,8 @@ shapes, then times, each for about `--seconds` after a warm-up (tracing excluded
 * `step`: `Learner.step` on the batch already distributed to the replicas (V-trace,
   losses, the all-reduce, clipping, the optimizer, the counters), outputs fetched;
   per learner step (a call of `--learner_steps_per_call` steps counts as that many);
+  with `--num_sgd_iter=k` (and the default ring of one batch) the loop, as the
+  trainer's, makes k steps on each batch it fetches;
 * `loop`: what the trainer's loop pays per learner step: `step_from_iterator` on a
   `tf.data` dataset that repeats the batch (the batch fetch, the weights for the
   actors and the diagnostics, returned as numpy once per call);
@@ -127,7 +129,10 @@ def measure(name, extra, seconds):
     return {k: tf.constant(v[i * per:(i + 1) * per]) for k, v in batch.items()}
 
   dist = strategy.experimental_distribute_values_from_function(shard)
-  k = getattr(config, 'learner_steps_per_call', 1)
+  # As the trainer does: with a ring of one batch, the learner itself reuses each
+  # batch num_sgd_iter times; a call makes a multiple of that many steps.
+  reuse = config.num_sgd_iter if config.minibatch_buffer_size == 1 else 1
+  k = reuse * -(-config.learner_steps_per_call // reuse)
 
   def step():
     out = lrn.step(dist)
@@ -148,7 +153,8 @@ def measure(name, extra, seconds):
   waits = []
 
   def loop():
-    out = lrn.step_from_iterator(iterator)  # Weights and scalars come back as numpy.
+    # Weights and scalars come back as numpy.
+    out = lrn.step_from_iterator(iterator, reuse)
     waits.append(out['data_wait_seconds'])
 
   tm = lambda x: tf.constant(np.swapaxes(x, 0, 1))

@@ -366,6 +366,11 @@ class _Run:
     self._sum_over_workers = (distribute.sum_over_workers(strategy) if self.multi
                               else None)
     ring = config.minibatch_buffer_size * config.num_sgd_iter
+    # Without a ring of several batches, the learner reuses each batch itself
+    # (fetched once for its num_sgd_iter steps); with one, tf.data replays the
+    # ring.
+    self._learner_reuse = (config.num_sgd_iter
+                           if config.minibatch_buffer_size == 1 else 1)
     self.agree_rings = max(1, math.ceil(AGREE_EVERY_STEPS / ring))
     self.pool: Optional[actor_pool.ActorPool] = None
     self.out = None  # The last learner step's output.
@@ -403,7 +408,7 @@ class _Run:
     return data.distribute(self.strategy, lambda: data.build_dataset(
         source, signature, batch_size=config.batch_size // self.num_workers,
         num_loaders=config.num_data_loader_buffers,
-        num_sgd_iter=config.num_sgd_iter,
+        num_sgd_iter=config.num_sgd_iter // self._learner_reuse,
         minibatch_buffer_size=config.minibatch_buffer_size,
         num_replicas=distribute.local_replicas(self.strategy)))
 
@@ -537,7 +542,7 @@ class _Run:
     while True:
       t0 = time.perf_counter()
       try:
-        self.out = learner.step_from_iterator(iterator)
+        self.out = learner.step_from_iterator(iterator, self._learner_reuse)
       except (StopIteration, tf.errors.OutOfRangeError):
         # A call that found no batch made no step and changed no counter.
         # The data ends when the run is stopping: by request (interrupted), or

@@ -201,6 +201,9 @@ SECTIONS = (
               '(RLlib: minibatch_buffer_size). Range: >= 1.'),
         _Flag('num_sgd_iter', 'int',
               'Times each batch is used for an SGD update (RLlib: num_sgd_iter). '
+              'With minibatch_buffer_size 1 the learner makes the k updates on a '
+              'batch in one call, fetching it once (so a call makes a multiple of '
+              'k steps); with a larger ring, tf.data replays the ring. '
               'Range: >= 1.'),
         _Flag('replay_proportion', 'float',
               'Replayed unrolls mixed in per fresh unroll: floor(p), plus one more '

@@ -94,6 +94,22 @@ def _sum_in_order(terms: Sequence[tf.Tensor]) -> tf.Tensor:
   return tf.reduce_sum(tf.stack(list(terms)), axis=0)
 
 
+def _fold(acc: Dict[str, tf.Tensor], new: Dict[str, tf.Tensor]
+          ) -> Dict[str, tf.Tensor]:
+  """The outputs of one call's steps so far (`acc`) and of further ones (`new`).
+
+  Counts in `_SUMMED` and `steps` add up, `policy_lag_max` is the maximum, and
+  the rest is `new`'s, except keys only `acc` has (the first step's
+  `grad_norm_*`, a reused batch's `data_wait_seconds`), which stay.
+  """
+  out = dict(acc, **new)
+  for key in _SUMMED + ('steps',):
+    if key in acc and key in new:
+      out[key] = acc[key] + new[key]
+  out['policy_lag_max'] = tf.maximum(acc['policy_lag_max'], new['policy_lag_max'])
+  return out
+
+
 class Learner(tf.Module):
   """Owns the network, the optimizer and the counters, replicated by `strategy`.
 
@@ -152,6 +168,7 @@ class Learner(tf.Module):
                                             autograph=False)
     self._bound_iterator = None
     self._bound_train = None
+    self._bound_reuse = None
     self._scalar_keys = None  # Set when the bound step is traced.
     # Where each variable sits in the flat vector of its dtype.
     self._weight_layout, sizes = [], {}
@@ -197,8 +214,15 @@ class Learner(tf.Module):
     """
     return self._train(shards)
 
-  def step_from_iterator(self, iterator) -> Dict[str, object]:
+  def step_from_iterator(self, iterator, reuse: int = 1) -> Dict[str, object]:
     """Fetches batches and trains on them: `learner_steps_per_call` steps, one call.
+
+    With `reuse` = k > 1 the call trains k steps on each batch it fetches (the
+    `num_sgd_iter` reuse done here, so a batch is fetched, and its wait paid,
+    once per k steps; the dataset must then emit each batch once, with `reuse`
+    0). Step i of the k sees `reuse` = i, as from `data.build_dataset`'s ring, and
+    the call makes k * ceil(learner_steps_per_call / k) steps: the multiple of k
+    at or above `learner_steps_per_call`.
 
     The outputs come back as two or three tensors (the scalars stacked into one
     float64 vector, the weights concatenated into one flat vector per dtype) and
@@ -208,6 +232,7 @@ class Learner(tf.Module):
 
     Args:
       iterator: an iterator over `data.distribute(...)`.
+      reuse: int >= 1, steps on each fetched batch.
 
     Returns:
       dict of Python floats: what `step` returns for the call's last step,
@@ -215,8 +240,7 @@ class Learner(tf.Module):
       over the call's steps: `policy_lag_sum`, `num_unrolls`, `fresh_frames`,
       `replayed_frames`, `trained_frames`, `grad_clipped` and `nonfinite` (counts);
       `policy_lag_max` is the maximum. Plus `steps` (int32 `[]`, the steps this
-      call made: `learner_steps_per_call`, or fewer when the data ended after its
-      first step), `data_wait_seconds` (the time the call spent waiting for
+      call made: as above, or fewer when the data ended after its first batch), `data_wait_seconds` (the time the call spent waiting for
       batches, measured in the graph with `tf.timestamp`), and `weights`: the
       network's variables after the call's last update (a list of numpy arrays
       in `network.variables` order, views of one array per dtype), so that
@@ -229,10 +253,12 @@ class Learner(tf.Module):
     # The iterator is bound into a tf.function of no arguments (captured, not
     # passed): passing a distributed iterator flattens its type spec on every call,
     # which cost more Python time per CartPole step than the step's graph.
-    if self._bound_iterator is not iterator:
-      self._bound_iterator = iterator
+    if reuse < 1:
+      raise ValueError(f'reuse must be >= 1, got {reuse}')
+    if self._bound_iterator is not iterator or self._bound_reuse != reuse:
+      self._bound_iterator, self._bound_reuse = iterator, reuse
       self._bound_train = tf.function(
-          lambda: self._train_from_iterator_fn(iterator), autograph=False)
+          lambda: self._train_from_iterator_fn(iterator, reuse), autograph=False)
     packed = self._bound_train()
     out = dict(zip(self._scalar_keys, packed['scalars'].numpy().tolist()))
     flat = {dtype: packed[dtype].numpy() for dtype in self._weight_dtypes}
@@ -241,12 +267,11 @@ class Learner(tf.Module):
         for dtype, start, size, shape in self._weight_layout]
     return out
 
-  def _train_from_iterator_fn(self, iterator):
-    results = self._timed_step(lambda: next(iterator))
-    results['steps'] = tf.constant(1, tf.int32)
-    more = self._config.learner_steps_per_call - 1
+  def _train_from_iterator_fn(self, iterator, reuse=1):
+    results = self._timed_step(lambda: next(iterator), reuse=reuse)
+    more = -(-self._config.learner_steps_per_call // reuse) - 1  # Batches.
     if more > 0:
-      results = self._more_steps(iterator, results, more)
+      results = self._more_steps(iterator, results, more, reuse)
     # One float64 vector of the scalars (float64 holds every int32 count and
     # float32 value exactly), its order fixed at tracing.
     self._scalar_keys = sorted(results)
@@ -259,11 +284,13 @@ class Learner(tf.Module):
           [tf.reshape(w, [-1]) for w in weights if w.dtype.name == dtype], axis=0)
     return packed
 
-  def _timed_step(self, fetch, start=None, term_norms=None):
-    """One train step on the batch `fetch()` returns, with its data wait.
+  def _timed_step(self, fetch, start=None, term_norms=None, reuse=1):
+    """`reuse` train steps on the batch `fetch()` returns, with its data wait.
 
     The wait runs from `start` (float64 `[]`; default: now) until every shard of
-    the batch is there. `term_norms` as `_train_step`.
+    the batch is there. `term_norms` as `_train_step`, for the first step (the
+    others go without). The outputs of the steps are folded as
+    `step_from_iterator` says; `steps` is `reuse`.
     """
     if start is None:
       start = tf.timestamp()
@@ -283,24 +310,25 @@ class Learner(tf.Module):
       shards = tf.nest.map_structure(tf.identity, shards)
       results = self._train_step(shards, term_norms)
     results['data_wait_seconds'] = ready - start
+    results['steps'] = tf.constant(1, tf.int32)
+    if reuse > 1:
+      # The same shards, in a loop: the graph holds one copy of the step.
+      def body(i, acc):
+        new = self._train_step(shards, False, reuse_index=i)
+        return i + 1, _fold(acc, dict(new, steps=tf.constant(1, tf.int32)))
+
+      _, results = tf.while_loop(
+          lambda i, _: i < reuse, body, (tf.constant(1), results),
+          parallel_iterations=1)
     return results
 
-  def _more_steps(self, iterator, first, more):
-    """Up to `more` further steps in a `tf.while_loop`, folding their outputs.
+  def _more_steps(self, iterator, first, more, reuse=1):
+    """Up to `more` further batches (`reuse` steps each) in a `tf.while_loop`,
+    folding their outputs into `first`'s.
 
     The loop ends early, without error, when the data ends (the iterator's next
-    element is empty); `steps` says how many were made.
+    element is empty); `steps` says how many steps were made.
     """
-    def fold(acc, new):
-      out = dict(acc, **new)  # The first step's grad_norm_* stay.
-      for key in _SUMMED:
-        if key in acc:
-          out[key] = acc[key] + new[key]
-      out['policy_lag_max'] = tf.maximum(acc['policy_lag_max'],
-                                         new['policy_lag_max'])
-      out['steps'] = acc['steps'] + 1
-      return out
-
     def body(i, _, acc):
       start = tf.timestamp()
       with tf.control_dependencies([start]):
@@ -308,8 +336,8 @@ class Learner(tf.Module):
       has_value = element.has_value()
 
       def run():  # The wait counts from before the fetch.
-        return fold(acc, self._timed_step(element.get_value, start,
-                                          term_norms=False))
+        return _fold(acc, self._timed_step(element.get_value, start,
+                                           term_norms=False, reuse=reuse))
 
       out = tf.cond(has_value, run, lambda: dict(acc))
       return i + 1, has_value, out
@@ -319,12 +347,14 @@ class Learner(tf.Module):
         (tf.constant(0), tf.constant(True), first), parallel_iterations=1)
     return results
 
-  def _train_step(self, shards, term_norms=None):
+  def _train_step(self, shards, term_norms=None, reuse_index=None):
     """One step on a distributed batch; `term_norms` (default: the config's
-    `loss_term_grad_norms`) adds the per-term gradient norms."""
+    `loss_term_grad_norms`) adds the per-term gradient norms; `reuse_index`
+    (int32 `[]`, optional) is added to the batch's `reuse`."""
     if term_norms is None:
       term_norms = self._config.loss_term_grad_norms
-    results = self._strategy.run(self._replica_step, args=(shards, term_norms))
+    results = self._strategy.run(self._replica_step,
+                                 args=(shards, term_norms, reuse_index))
     results = tf.nest.map_structure(
         lambda x: self._strategy.experimental_local_results(x)[0], results)
     self.learner_steps.assign_add(1)
@@ -338,7 +368,9 @@ class Learner(tf.Module):
     results['nonfinite_streak'] = tf.cast(streak, tf.float32)
     return results
 
-  def _replica_step(self, batch, term_norms):
+  def _replica_step(self, batch, term_norms, reuse_index=None):
+    if reuse_index is not None:
+      batch = dict(batch, reuse=batch['reuse'] + reuse_index)
     # Built in the strategy's replica thread, which does not see the caller's
     # control dependencies: the step's ops wait for the batch here (see
     # `_timed_step`).

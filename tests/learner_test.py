@@ -459,10 +459,12 @@ def test_non_finite_update_is_skipped_and_counted(popart):
   assert any(not np.array_equal(a, b) for a, b in zip(before, state()))
 
 
-def _iterator(learner, batches):
-  """A distributed iterator over `batches` (each with `reuse` 0), for 1 replica."""
+def _iterator(learner, batches, reuse=None):
+  """A distributed iterator over `batches` (batch i with `reuse` reuse[i], default
+  0), for 1 replica."""
   stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-  stacked['reuse'] = np.zeros([len(batches), B], np.int32)
+  reuse = [0] * len(batches) if reuse is None else reuse
+  stacked['reuse'] = np.repeat(np.asarray(reuse, np.int32)[:, None], B, axis=1)
   ds = tf.data.Dataset.from_tensor_slices(stacked)
   return iter(data.distribute(learner.strategy, lambda: ds))
 
@@ -514,6 +516,52 @@ def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
   for w, v in zip(calls[-1]['weights'], three.network.variables):
     assert w.dtype == v.dtype.as_numpy_dtype
     np.testing.assert_array_equal(w, v.numpy())
+
+
+@pytest.mark.parametrize('term_norms', [False, True])
+def test_reuse_in_the_call_gives_the_updates_of_a_reusing_dataset(term_norms):
+  # num_sgd_iter = 2 done by the learner on batches fetched once, against single
+  # steps on a dataset that emits each batch twice (reuse 0, then 1).
+  batches = [make_batch(seed=40 + i) for i in range(3)]
+  kw = dict(loss_term_grad_norms=term_norms, num_sgd_iter=2, optimizer='adam')
+  one = _make_learner(_config(**kw))
+  fused = _make_learner(_config(learner_steps_per_call=3, **kw))
+  for a, b in zip(one.network.variables, fused.network.variables):
+    b.assign(a)
+  it = _iterator(one, [b for b in batches for _ in range(2)], reuse=[0, 1] * 3)
+  singles = [one.step_from_iterator(it) for _ in range(6)]
+  it = _iterator(fused, batches)
+  # 3 steps per call rounds up to whole batches: 4 steps, then the last batch's 2.
+  calls = [fused.step_from_iterator(it, reuse=2), fused.step_from_iterator(it, 2)]
+  with pytest.raises(tf.errors.OutOfRangeError):
+    fused.step_from_iterator(it, 2)
+  assert [int(c['steps']) for c in calls] == [4, 2]
+  for a, b in zip(one.network.variables, fused.network.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+  for a, b in zip(one.optimizer.variables, fused.optimizer.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+  for name in ('learner_steps', 'consumed_frames', 'replayed_frames',
+               'trained_frames'):
+    assert int(getattr(fused, name).numpy()) == int(getattr(one, name).numpy()), name
+  # Fresh frames count at a batch's first use only.
+  assert int(fused.consumed_frames.numpy()) == 3 * T * 2  # 2 fresh rows a batch.
+  assert int(fused.trained_frames.numpy()) == 6 * B * T
+  for call, group in zip(calls, (singles[:4], singles[4:])):
+    for key in ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'trained_frames',
+                'grad_clipped', 'nonfinite'):
+      assert float(call[key]) == pytest.approx(sum(float(s[key]) for s in group))
+    assert float(call['policy_lag_max']) == max(
+        float(s['policy_lag_max']) for s in group)
+    np.testing.assert_allclose(float(call['loss']), float(group[-1]['loss']),
+                               rtol=1e-5)
+    if term_norms:
+      np.testing.assert_allclose(float(call['grad_norm_policy']),
+                                 float(group[0]['grad_norm_policy']), rtol=1e-5)
+    assert float(call['data_wait_seconds']) >= 0
+  for w, v in zip(calls[-1]['weights'], fused.network.variables):
+    np.testing.assert_array_equal(w, v.numpy())
+  with pytest.raises(ValueError, match='reuse must be >= 1, got 0'):
+    fused.step_from_iterator(it, reuse=0)
 
 
 @pytest.mark.parametrize('kw', [

@@ -469,6 +469,38 @@ def _iterator(learner, batches, reuse=None):
   return iter(data.distribute(learner.strategy, lambda: ds))
 
 
+def _check_same_state(one, other):
+  """Weights, optimizer slots and counters of two learners agree."""
+  for a, b in zip(one.network.variables, other.network.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+  for a, b in zip(one.optimizer.variables, other.optimizer.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+  for name in ('learner_steps', 'consumed_frames', 'replayed_frames',
+               'trained_frames'):
+    assert int(getattr(other, name).numpy()) == int(getattr(one, name).numpy()), name
+
+
+def _check_call_folds_its_steps(call, group, term_norms):
+  """One call's outputs against those of the single steps it made (`group`)."""
+  # Counts are summed over the call's steps; the lag maximum is the maximum
+  # (the lags grow by one each step: the variable is read inside the loop).
+  assert int(call['steps']) == len(group)
+  for key in ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'trained_frames',
+              'grad_clipped', 'nonfinite'):
+    assert float(call[key]) == pytest.approx(sum(float(s[key]) for s in group))
+  assert float(call['policy_lag_max']) == max(
+      float(s['policy_lag_max']) for s in group)
+  # The rest are the last step's; the per-term norms the first step's.
+  np.testing.assert_allclose(float(call['loss']), float(group[-1]['loss']),
+                             rtol=1e-5)
+  if term_norms:
+    np.testing.assert_allclose(float(call['grad_norm_policy']),
+                               float(group[0]['grad_norm_policy']), rtol=1e-5)
+  else:
+    assert 'grad_norm_policy' not in call
+  assert float(call['data_wait_seconds']) >= 0
+
+
 @pytest.mark.parametrize('term_norms', [False, True])
 def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
   batches = [make_batch(seed=20 + i) for i in range(5)]
@@ -487,32 +519,11 @@ def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
     three.step_from_iterator(it)
   assert [int(c['steps']) for c in calls] == [3, 2]
   assert all(int(s['steps']) == 1 for s in singles)
-  for a, b in zip(one.network.variables, three.network.variables):
-    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
-  for a, b in zip(one.optimizer.variables, three.optimizer.variables):
-    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
-  for name in ('learner_steps', 'consumed_frames', 'replayed_frames',
-               'trained_frames'):
-    assert int(getattr(three, name).numpy()) == int(getattr(one, name).numpy())
+  _check_same_state(one, three)
   assert int(three.learner_steps.numpy()) == 5
   for call, group in zip(calls, (singles[:3], singles[3:])):
-    # Counts are summed over the call's steps; the lag maximum is the maximum
-    # (the lags grow by one each step: the variable is read inside the loop).
-    for key in ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'trained_frames',
-                'grad_clipped', 'nonfinite'):
-      assert float(call[key]) == pytest.approx(sum(float(s[key]) for s in group))
-    assert float(call['policy_lag_max']) == max(
-        float(s['policy_lag_max']) for s in group)
-    # The rest are the last step's; the per-term norms the first step's.
-    np.testing.assert_allclose(float(call['loss']), float(group[-1]['loss']),
-                               rtol=1e-5)
-    if term_norms:
-      np.testing.assert_allclose(float(call['grad_norm_policy']),
-                                 float(group[0]['grad_norm_policy']), rtol=1e-5)
-    else:
-      assert 'grad_norm_policy' not in call
-    assert float(call['data_wait_seconds']) >= 0
-    # The weights returned are those after the call's last step.
+    _check_call_folds_its_steps(call, group, term_norms)
+  # The weights returned are those after the call's last step.
   for w, v in zip(calls[-1]['weights'], three.network.variables):
     assert w.dtype == v.dtype.as_numpy_dtype
     np.testing.assert_array_equal(w, v.numpy())
@@ -536,28 +547,12 @@ def test_reuse_in_the_call_gives_the_updates_of_a_reusing_dataset(term_norms):
   with pytest.raises(tf.errors.OutOfRangeError):
     fused.step_from_iterator(it, 2)
   assert [int(c['steps']) for c in calls] == [4, 2]
-  for a, b in zip(one.network.variables, fused.network.variables):
-    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
-  for a, b in zip(one.optimizer.variables, fused.optimizer.variables):
-    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
-  for name in ('learner_steps', 'consumed_frames', 'replayed_frames',
-               'trained_frames'):
-    assert int(getattr(fused, name).numpy()) == int(getattr(one, name).numpy()), name
+  _check_same_state(one, fused)
   # Fresh frames count at a batch's first use only.
   assert int(fused.consumed_frames.numpy()) == 3 * T * 2  # 2 fresh rows a batch.
   assert int(fused.trained_frames.numpy()) == 6 * B * T
   for call, group in zip(calls, (singles[:4], singles[4:])):
-    for key in ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'trained_frames',
-                'grad_clipped', 'nonfinite'):
-      assert float(call[key]) == pytest.approx(sum(float(s[key]) for s in group))
-    assert float(call['policy_lag_max']) == max(
-        float(s['policy_lag_max']) for s in group)
-    np.testing.assert_allclose(float(call['loss']), float(group[-1]['loss']),
-                               rtol=1e-5)
-    if term_norms:
-      np.testing.assert_allclose(float(call['grad_norm_policy']),
-                                 float(group[0]['grad_norm_policy']), rtol=1e-5)
-    assert float(call['data_wait_seconds']) >= 0
+    _check_call_folds_its_steps(call, group, term_norms)
   for w, v in zip(calls[-1]['weights'], fused.network.variables):
     np.testing.assert_array_equal(w, v.numpy())
   with pytest.raises(ValueError, match='reuse must be >= 1, got 0'):

@@ -240,8 +240,9 @@ class Learner(tf.Module):
       over the call's steps: `policy_lag_sum`, `num_unrolls`, `fresh_frames`,
       `replayed_frames`, `trained_frames`, `grad_clipped` and `nonfinite` (counts);
       `policy_lag_max` is the maximum. Plus `steps` (int32 `[]`, the steps this
-      call made: as above, or fewer when the data ended after its first batch), `data_wait_seconds` (the time the call spent waiting for
-      batches, measured in the graph with `tf.timestamp`), and `weights`: the
+      call made: as above, or fewer when the data ended after its first batch),
+      `data_wait_seconds` (the time the call spent waiting for batches,
+      measured in the graph with `tf.timestamp`), and `weights`: the
       network's variables after the call's last update (a list of numpy arrays
       in `network.variables` order, views of one array per dtype), so that
       publishing them to the actors needs no second call.

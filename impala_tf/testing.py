@@ -23,6 +23,9 @@ across env subprocesses.
 `FakeLivesEnv` is an ALE-like env with scripted lives (`info['lives']`), for
 `environments.EpisodicLifeEnv`.
 
+`process_alive` and `processes_mentioning` (Linux /proc) let the end-to-end tests
+check that a run left no process behind.
+
 `impala_tf.testing:CartPoleX1000-v1` is CartPole-v1 with every reward multiplied
 by 1000 (returns up to 500,000; value targets near 1e5 at discount 0.99): the
 scale-free check of PopArt (`bench/stability.py --target=475000 --drop=300000
@@ -226,6 +229,32 @@ def _register():
 
 
 _register()
+
+
+def process_alive(pid: int) -> bool:
+  """Whether process `pid` exists and is not a zombie (Linux /proc)."""
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8', errors='replace') as f:
+      text = f.read()
+  except OSError:
+    return False
+  return text[text.rindex(')') + 2:].split()[0] != 'Z'
+
+
+def processes_mentioning(text: str) -> Sequence[int]:
+  """PIDs of the live processes, other than this one, whose command line holds
+  `text` (Linux /proc; e.g. a run's logdir)."""
+  pids = []
+  for name in os.listdir('/proc'):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f'/proc/{name}/cmdline', 'rb') as f:
+        if text.encode() in f.read():
+          pids.append(int(name))
+    except OSError:
+      continue
+  return [p for p in pids if p != os.getpid() and process_alive(p)]
 
 
 def tiny_config(**overrides) -> config_lib.Config:

@@ -4,7 +4,6 @@ One end-to-end run on a local Ray (2 workers of the chain env); the supervision
 logic it shares with the local launcher is tested in tests/launcher_test.py.
 """
 
-import glob
 import json
 import os
 import pathlib
@@ -30,18 +29,6 @@ def test_actor_options_split_ray_resources():
   assert opts['resources'] == {'learner_node': 1.0}
   assert opts['max_restarts'] == 0 and opts['max_concurrency'] > 1
   assert 'resources' not in ray_learners._actor_options({'CPU': 1.0})  # pylint: disable=protected-access
-
-
-def _processes_mentioning(text):
-  pids = []
-  for cmdline in glob.glob('/proc/[0-9]*/cmdline'):
-    try:
-      with open(cmdline, 'rb') as f:
-        if text.encode() in f.read():
-          pids.append(int(cmdline.split('/')[2]))
-    except OSError:
-      continue
-  return [p for p in pids if p != os.getpid()]
 
 
 def _metrics(logdir):
@@ -93,4 +80,4 @@ def test_two_ray_learner_workers_train_stop_on_sigterm_and_leave_nothing(tmp_pat
   assert last['num_learner_workers'] == 2
   assert last['trained_frames'] == last['learner_steps'] * 4 * 5
   assert not os.path.exists(os.path.join(logdir, 'workertemp_1'))
-  assert not _processes_mentioning(logdir)
+  assert not testing.processes_mentioning(logdir)

@@ -4,6 +4,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -191,3 +192,30 @@ def test_tiny_config_overrides():
   with pytest.raises(config_lib.ConfigError) as info:
     testing.tiny_config(batch_size=0)
   assert info.value.field == 'batch_size'
+
+
+def test_processes_mentioning_finds_a_live_child_until_it_exits(tmp_path):
+  token = str(tmp_path / 'marker')
+  child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',
+                            token])
+  try:
+    # Popen returns once exec started; the kernel sets the new command line a
+    # moment later.
+    deadline = time.time() + 10
+    while not testing.processes_mentioning(token) and time.time() < deadline:
+      time.sleep(0.01)
+    assert testing.processes_mentioning(token) == [child.pid]
+    assert testing.process_alive(child.pid)
+    child.kill()
+    # Killed but not reaped: a zombie is not alive.
+    for _ in range(100):
+      if not testing.process_alive(child.pid):
+        break
+      time.sleep(0.05)
+    assert not testing.process_alive(child.pid)
+    assert testing.processes_mentioning(token) == []
+  finally:
+    child.kill()
+    child.wait()
+  assert not testing.process_alive(child.pid)
+  assert os.getpid() not in testing.processes_mentioning(sys.executable)

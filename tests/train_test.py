@@ -140,27 +140,6 @@ def _descendants(pid):
   return found
 
 
-def _alive(pid):
-  try:
-    with open(f'/proc/{pid}/stat', encoding='utf-8', errors='replace') as f:
-      text = f.read()
-  except OSError:
-    return False
-  return text[text.rindex(')') + 2:].split()[0] != 'Z'
-
-
-def _processes_mentioning(text):
-  pids = []
-  for cmdline in glob.glob('/proc/[0-9]*/cmdline'):
-    try:
-      with open(cmdline, 'rb') as f:
-        if text.encode() in f.read():
-          pids.append(int(cmdline.split('/')[2]))
-    except OSError:
-      continue
-  return [p for p in pids if p != os.getpid() and _alive(p)]
-
-
 def _checkpoint_values(path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   reader = tf.train.load_checkpoint(path)
@@ -574,10 +553,10 @@ def test_signal_stops_cleanly(tmp_path, signum):
 
   # Nothing left behind: no descendant of the run, nothing naming its logdir.
   deadline = time.time() + 10
-  while time.time() < deadline and any(_alive(p) for p in children):
+  while time.time() < deadline and any(testing.process_alive(p) for p in children):
     time.sleep(0.2)
-  assert not [p for p in children if _alive(p)]
-  assert not _processes_mentioning(logdir)
+  assert not [p for p in children if testing.process_alive(p)]
+  assert not testing.processes_mentioning(logdir)
 
 
 def test_sigterm_while_the_actors_are_stalled_stops_within_seconds(tmp_path):
@@ -651,7 +630,7 @@ def test_two_learner_workers_train_resume_and_leave_nothing_behind(tmp_path):
   assert last['consumed_frames'] + last['replayed_frames'] == last['trained_frames']
   assert 3000 <= last['env_frames'] and last['consumed_frames'] <= last['env_frames']
   assert last['episodes'] >= 1
-  assert not _processes_mentioning(logdir)
+  assert not testing.processes_mentioning(logdir)
   assert not os.path.exists(os.path.join(logdir, 'workertemp_1'))  # Deleted.
   # Again with a larger budget: resumes, counters continue; SIGTERM stops all.
   log_path = tmp_path / 'resume.log'
@@ -674,7 +653,7 @@ def test_two_learner_workers_train_resume_and_leave_nothing_behind(tmp_path):
   assert final['final'] and final['interrupted'], final
   assert final['env_frames'] > last['env_frames']
   assert final['episodes'] > last['episodes']
-  assert not _processes_mentioning(logdir)
+  assert not testing.processes_mentioning(logdir)
 
 
 if __name__ == '__main__':

@@ -131,7 +131,7 @@ def measure(name, extra, seconds):
   dist = strategy.experimental_distribute_values_from_function(shard)
   # As the trainer does: with a ring of one batch, the learner itself reuses each
   # batch num_sgd_iter times; a call makes a multiple of that many steps.
-  reuse = config.num_sgd_iter if config.minibatch_buffer_size == 1 else 1
+  reuse = learner.reuse_in_call(config)
   k = reuse * -(-config.learner_steps_per_call // reuse)
 
   def step():

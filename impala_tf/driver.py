@@ -366,11 +366,7 @@ class _Run:
     self._sum_over_workers = (distribute.sum_over_workers(strategy) if self.multi
                               else None)
     ring = config.minibatch_buffer_size * config.num_sgd_iter
-    # Without a ring of several batches, the learner reuses each batch itself
-    # (fetched once for its num_sgd_iter steps); with one, tf.data replays the
-    # ring.
-    self._learner_reuse = (config.num_sgd_iter
-                           if config.minibatch_buffer_size == 1 else 1)
+    self._learner_reuse = learner_lib.reuse_in_call(config)
     self.agree_rings = max(1, math.ceil(AGREE_EVERY_STEPS / ring))
     self.pool: Optional[actor_pool.ActorPool] = None
     self.out = None  # The last learner step's output.
@@ -408,7 +404,7 @@ class _Run:
     return data.distribute(self.strategy, lambda: data.build_dataset(
         source, signature, batch_size=config.batch_size // self.num_workers,
         num_loaders=config.num_data_loader_buffers,
-        num_sgd_iter=config.num_sgd_iter // self._learner_reuse,
+        num_sgd_iter=1 if self._learner_reuse > 1 else config.num_sgd_iter,
         minibatch_buffer_size=config.minibatch_buffer_size,
         num_replicas=distribute.local_replicas(self.strategy)))
 

@@ -94,6 +94,16 @@ def _sum_in_order(terms: Sequence[tf.Tensor]) -> tf.Tensor:
   return tf.reduce_sum(tf.stack(list(terms)), axis=0)
 
 
+def reuse_in_call(config: config_lib.Config) -> int:
+  """Steps `Learner.step_from_iterator` should make on each batch it fetches.
+
+  `config.num_sgd_iter` when the reuse ring is one batch (the learner reuses it,
+  and the dataset must emit each batch once: build it with `num_sgd_iter=1`);
+  1 with a larger ring, which tf.data replays (`data.build_dataset`).
+  """
+  return config.num_sgd_iter if config.minibatch_buffer_size == 1 else 1
+
+
 def _fold(acc: Dict[str, tf.Tensor], new: Dict[str, tf.Tensor]
           ) -> Dict[str, tf.Tensor]:
   """The outputs of one call's steps so far (`acc`) and of further ones (`new`).

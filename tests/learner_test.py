@@ -529,6 +529,12 @@ def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
     np.testing.assert_array_equal(w, v.numpy())
 
 
+def test_reuse_in_call_is_num_sgd_iter_for_a_ring_of_one_batch():
+  assert learner_lib.reuse_in_call(_config(num_sgd_iter=3)) == 3
+  assert learner_lib.reuse_in_call(
+      _config(num_sgd_iter=3, minibatch_buffer_size=2)) == 1
+
+
 @pytest.mark.parametrize('term_norms', [False, True])
 def test_reuse_in_the_call_gives_the_updates_of_a_reusing_dataset(term_norms):
   # num_sgd_iter = 2 done by the learner on batches fetched once, against single

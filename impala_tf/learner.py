@@ -29,6 +29,7 @@ use), which is checkpointed with the rest.
 import functools
 from typing import Callable, Dict, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from impala_tf import config as config_lib
@@ -72,8 +73,19 @@ def uses_jit(config: config_lib.Config, num_replicas: int) -> bool:
 
 
 def _time_major(x: tf.Tensor) -> tf.Tensor:
-  """`[B, T, ...]` -> `[T, B, ...]`."""
-  return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+  """`[B, T, ...]` -> `[T, B, ...]` (the same values as `tf.transpose`).
+
+  With static B and T it is a gather of the `B * T` rows in time-major order:
+  on CPU, oneDNN's transpose of a small float tensor took ~10% of a CartPole
+  learner step (the three float fields of a batch), a gather ~1%
+  (docs/benchmarks.md).
+  """
+  b, t = x.shape[0], x.shape[1]
+  if b is None or t is None or x.shape[2:].num_elements() is None:
+    return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+  rest = x.shape[2:].as_list()
+  rows = np.arange(b * t).reshape(b, t).T.reshape(-1)
+  return tf.reshape(tf.gather(tf.reshape(x, [b * t] + rest), rows), [t, b] + rest)
 
 
 def _sum_in_order(terms: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -104,20 +116,40 @@ def reuse_in_call(config: config_lib.Config) -> int:
   return config.num_sgd_iter if config.minibatch_buffer_size == 1 else 1
 
 
-def _fold(acc: Dict[str, tf.Tensor], new: Dict[str, tf.Tensor]
-          ) -> Dict[str, tf.Tensor]:
-  """The outputs of one call's steps so far (`acc`) and of further ones (`new`).
+class _Packed:
+  """A call's step outputs as one float64 vector, and how to fold more into it.
 
-  Counts in `_SUMMED` and `steps` add up, `policy_lag_max` is the maximum, and
-  the rest is `new`'s, except keys only `acc` has (the first step's
-  `grad_norm_*`, a reused batch's `data_wait_seconds`), which stay.
+  The outputs of the steps of one call are carried through its loops as one
+  vector (keys in a fixed order) rather than as ~35 scalars: every loop variable
+  costs the executor a few control-flow ops per step, which at CartPole's size
+  were ~10% of a step. float64 holds every int32 count and float32 value exactly.
+
+  Folding (`fold`): counts in `_SUMMED` and `steps` add up, `policy_lag_max` is
+  the maximum, and the rest is the newer step's, except keys the newer steps do
+  not have (the first step's `grad_norm_*`, a reused batch's
+  `data_wait_seconds`), which stay.
+
+  Args:
+    keys: the outputs of the call's first step (a superset of the others').
   """
-  out = dict(acc, **new)
-  for key in _SUMMED + ('steps',):
-    if key in acc and key in new:
-      out[key] = acc[key] + new[key]
-  out['policy_lag_max'] = tf.maximum(acc['policy_lag_max'], new['policy_lag_max'])
-  return out
+
+  def __init__(self, keys):
+    self.keys = sorted(keys)
+
+  def pack(self, results: Dict[str, tf.Tensor]) -> tf.Tensor:
+    """float64 `[len(keys)]`; keys `results` lacks are 0."""
+    zero = tf.zeros([], tf.float64)
+    return tf.stack([tf.cast(results[k], tf.float64) if k in results else zero
+                     for k in self.keys])
+
+  def fold(self, acc: tf.Tensor, new: tf.Tensor, new_keys) -> tf.Tensor:
+    """`acc` (packed) with a later step's packed outputs `new` (of `new_keys`)."""
+    summed = [k in _SUMMED + ('steps',) and k in new_keys for k in self.keys]
+    kept = [k not in new_keys for k in self.keys]
+    out = tf.where(tf.constant(kept), acc, new)
+    out = tf.where(tf.constant([k == 'policy_lag_max' for k in self.keys]),
+                   tf.maximum(acc, new), out)
+    return tf.where(tf.constant(summed), acc + new, out)
 
 
 class Learner(tf.Module):
@@ -279,29 +311,30 @@ class Learner(tf.Module):
     return out
 
   def _train_from_iterator_fn(self, iterator, reuse=1):
-    results = self._timed_step(lambda: next(iterator), reuse=reuse)
+    packer, packed, _ = self._timed_step(lambda: next(iterator), reuse=reuse)
     more = -(-self._config.learner_steps_per_call // reuse) - 1  # Batches.
     if more > 0:
-      results = self._more_steps(iterator, results, more, reuse)
-    # One float64 vector of the scalars (float64 holds every int32 count and
-    # float32 value exactly), its order fixed at tracing.
-    self._scalar_keys = sorted(results)
-    packed = {'scalars': tf.stack([tf.cast(results[k], tf.float64)
-                                   for k in self._scalar_keys])}
-    with tf.control_dependencies([packed['scalars']]):
+      packed = self._more_steps(iterator, packer, packed, more, reuse)
+    self._scalar_keys = packer.keys  # The order of the float64 vector.
+    out = {'scalars': packed}
+    with tf.control_dependencies([packed]):
       weights = self._read_weights_fn()
     for dtype in self._weight_dtypes:
-      packed[dtype] = tf.concat(
+      out[dtype] = tf.concat(
           [tf.reshape(w, [-1]) for w in weights if w.dtype.name == dtype], axis=0)
-    return packed
+    return out
 
-  def _timed_step(self, fetch, start=None, term_norms=None, reuse=1):
+  def _timed_step(self, fetch, start=None, term_norms=None, reuse=1, packer=None):
     """`reuse` train steps on the batch `fetch()` returns, with its data wait.
 
     The wait runs from `start` (float64 `[]`; default: now) until every shard of
     the batch is there. `term_norms` as `_train_step`, for the first step (the
-    others go without). The outputs of the steps are folded as
-    `step_from_iterator` says; `steps` is `reuse`.
+    others go without). The outputs of the steps are folded as `_Packed` says;
+    `steps` is `reuse`.
+
+    Returns:
+      `(packer, packed, keys)`: the `_Packed` (`packer`, or one made from this
+      step's outputs), the folded outputs packed by it, and the keys they have.
     """
     if start is None:
       start = tf.timestamp()
@@ -322,20 +355,24 @@ class Learner(tf.Module):
       results = self._train_step(shards, term_norms)
     results['data_wait_seconds'] = ready - start
     results['steps'] = tf.constant(1, tf.int32)
+    if packer is None:
+      packer = _Packed(results)
+    packed = packer.pack(results)
     if reuse > 1:
       # The same shards, in a loop: the graph holds one copy of the step.
       def body(i, acc):
-        new = self._train_step(shards, False, reuse_index=i)
-        return i + 1, _fold(acc, dict(new, steps=tf.constant(1, tf.int32)))
+        new = dict(self._train_step(shards, False, reuse_index=i),
+                   steps=tf.constant(1, tf.int32))
+        return i + 1, packer.fold(acc, packer.pack(new), new)
 
-      _, results = tf.while_loop(
-          lambda i, _: i < reuse, body, (tf.constant(1), results),
+      _, packed = tf.while_loop(
+          lambda i, _: i < reuse, body, (tf.constant(1), packed),
           parallel_iterations=1)
-    return results
+    return packer, packed, set(results)
 
-  def _more_steps(self, iterator, first, more, reuse=1):
+  def _more_steps(self, iterator, packer, first, more, reuse=1):
     """Up to `more` further batches (`reuse` steps each) in a `tf.while_loop`,
-    folding their outputs into `first`'s.
+    folding their outputs into `first`'s (packed by `packer`).
 
     The loop ends early, without error, when the data ends (the iterator's next
     element is empty); `steps` says how many steps were made.
@@ -347,16 +384,18 @@ class Learner(tf.Module):
       has_value = element.has_value()
 
       def run():  # The wait counts from before the fetch.
-        return _fold(acc, self._timed_step(element.get_value, start,
-                                           term_norms=False, reuse=reuse))
+        _, new, keys = self._timed_step(element.get_value, start,
+                                        term_norms=False, reuse=reuse,
+                                        packer=packer)
+        return packer.fold(acc, new, keys)
 
-      out = tf.cond(has_value, run, lambda: dict(acc))
+      out = tf.cond(has_value, run, lambda: tf.identity(acc))
       return i + 1, has_value, out
 
-    _, _, results = tf.while_loop(
+    _, _, packed = tf.while_loop(
         lambda i, has_value, _: tf.logical_and(i < more, has_value), body,
         (tf.constant(0), tf.constant(True), first), parallel_iterations=1)
-    return results
+    return packed
 
   def _train_step(self, shards, term_norms=None, reuse_index=None):
     """One step on a distributed batch; `term_norms` (default: the config's

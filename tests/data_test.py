@@ -255,6 +255,22 @@ def test_distribute_gives_shard_k_to_replica_k(tmp_path):
     assert 'CPU:0' in e['devices'][0] and 'CPU:1' in e['devices'][1], e['devices']
 
 
+def test_distribute_gives_one_cpu_replica_the_dataset_itself():
+  # One replica on the host CPU: nothing to split, so no distributed iterator.
+  strategy = tf.distribute.MirroredStrategy(['/cpu:0'])
+  source = _list_source(_chunks(2, 4))
+  ds = data.distribute(strategy, lambda: data.build_dataset(
+      source, SIG, batch_size=4, num_replicas=1))
+  assert isinstance(ds, tf.data.Dataset)
+  ids = [el['unroll_id'].numpy().tolist() for el in ds]
+  assert ids == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  # The strategy runs on its elements as on a distributed batch's.
+  el = next(iter(data.distribute(strategy, lambda: data.build_dataset(
+      _list_source(_chunks(1, 4)), SIG, batch_size=4, num_replicas=1))))
+  out = strategy.run(lambda b: tf.reduce_sum(b['unroll_id']), args=(el,))
+  assert [int(x) for x in strategy.experimental_local_results(out)] == [6]
+
+
 def test_learner_queue_put_blocks_when_full_and_stops():
   stop = threading.Event()
   q = data.LearnerQueue(maxsize=1, timeout=5.0, stop_event=stop)

@@ -660,6 +660,17 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.parametrize('shape', [(3, 5), (3, 5, 2), (2, 4, 3, 2)])
+def test_time_major_is_the_transpose(shape):
+  x = tf.constant(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))
+  want = np.swapaxes(x.numpy(), 0, 1)
+  np.testing.assert_array_equal(learner_lib._time_major(x).numpy(), want)
+  # Unknown B and T (a user's graph): the transpose itself.
+  fn = tf.function(learner_lib._time_major, input_signature=[
+      tf.TensorSpec([None, None] + list(shape[2:]), tf.float32)])
+  np.testing.assert_array_equal(fn(x).numpy(), want)
+
+
 def test_term_gradients_are_summed_left_to_right():
   # In float32, (1e8 + -1e8) + 1 is 1 but 1e8 + (-1e8 + 1) is 0: the sum of the
   # three term gradients has one order, the same on every replica.

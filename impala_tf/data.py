@@ -267,16 +267,18 @@ def distribute(strategy: tf.distribute.Strategy, make_dataset: Callable[[], tf.d
 
   Returns:
     A distributed dataset whose elements are PerReplica values of shards; with
-    one replica on this host's CPU, the dataset itself (its elements are that
-    replica's shard: there is nothing to split or copy, and the distributed
-    iterator's per-element work was 9-15% of a CartPole learner step,
-    docs/benchmarks.md). `strategy.run` and `experimental_local_results` take
-    either.
+    one replica on this host's CPU, the dataset itself plus one prefetched
+    element (its elements are that replica's shard: there is nothing to split
+    or copy, and the distributed iterator's per-element work was 9-15% of a
+    CartPole learner step, docs/benchmarks.md). `strategy.run` and
+    `experimental_local_results` take either.
   """
   devices = strategy.extended.worker_devices
   if (strategy.num_replicas_in_sync == 1 and len(devices) == 1 and
       tf.DeviceSpec.from_string(devices[0]).device_type == 'CPU'):
-    return make_dataset()
+    # One more element buffered, as the distributed iterator's per-device
+    # buffer did (2 measured no better; each adds to the policy lag).
+    return make_dataset().prefetch(1)
 
   def dataset_fn(input_context: tf.distribute.InputContext):
     del input_context  # Each worker's dataset reads its own actors.

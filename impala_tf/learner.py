@@ -76,9 +76,8 @@ def _time_major(x: tf.Tensor) -> tf.Tensor:
   """`[B, T, ...]` -> `[T, B, ...]` (the same values as `tf.transpose`).
 
   With static B and T it is a gather of the `B * T` rows in time-major order:
-  on CPU, oneDNN's transpose of a small float tensor took ~10% of a CartPole
-  learner step (the three float fields of a batch), a gather ~1%
-  (docs/benchmarks.md).
+  on CPU, oneDNN's transposes of a batch's three small float fields took ~10% of
+  a CartPole learner step (docs/benchmarks.md).
   """
   b, t = x.shape[0], x.shape[1]
   if b is None or t is None or x.shape[2:].num_elements() is None:
@@ -121,8 +120,8 @@ class _Packed:
 
   The outputs of the steps of one call are carried through its loops as one
   vector (keys in a fixed order) rather than as ~35 scalars: every loop variable
-  costs the executor a few control-flow ops per step, which at CartPole's size
-  were ~10% of a step. float64 holds every int32 count and float32 value exactly.
+  costs the executor a few control-flow ops per step. float64 holds every int32
+  count and float32 value exactly.
 
   Folding (`fold`): counts in `_SUMMED` and `steps` add up, `policy_lag_max` is
   the maximum, and the rest is the newer step's, except keys the newer steps do
@@ -156,7 +155,7 @@ class _Unpacker:
   """A call's packed outputs as `step_from_iterator` returns them.
 
   Plain Python containers on purpose: a `tf.Module` wraps its list attributes in
-  trackable wrappers, and iterating those cost ~15% of a CartPole call's time.
+  trackable wrappers, which are slow to iterate (py-spy, on every call).
 
   Args:
     variables: the network's variables, in `network.variables` order.

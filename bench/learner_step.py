@@ -4,7 +4,9 @@ Usage:
   python bench/learner_step.py [--settings=cartpole,shallow,deep] [--seconds=5]
       [-- extra train flags, e.g. --learner_jit=off --learner_steps_per_call=1]
 
-For each setting (in this process, no actors, no data loaders) it builds a `Learner`
+For each setting (in a fresh process of its own, with TensorFlow's inter-op pool
+sized as the trainer sizes it, `--tf_inter_op_threads`; no actors, no data loaders)
+it builds a `Learner`
 with the setting's flags plus the extra flags, and one random batch of the run's
 shapes, then times, each for about `--seconds` after a warm-up (tracing excluded):
 
@@ -26,13 +28,16 @@ configs/atari_paper.cfg: no PopArt, no per-term gradient norms). No env is built
 spaces are given), so no Atari ROMs are needed.
 
 Each result has ms per step and steps/s for `step`, `loop` and `bare`, and
-`step_over_bare` / `loop_over_bare` (1.0 = the learner costs only its network).
+`step_over_bare` / `loop_over_bare` (1.0 = the learner costs only its network), and
+`loop_cpu_ms`: this process's CPU time per learner step in the loop (all threads; more
+than `loop_ms` when TensorFlow runs ops in parallel).
 """
 
 import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -97,23 +102,36 @@ def _batch(config, obs_space, num_actions, state, seed=0):
 
 
 def _timed(fn, seconds, steps_per_call=1):
-  """Median seconds per learner step over calls of `fn` for about `seconds`."""
+  """Median wall seconds per learner step over calls of `fn` for about `seconds`.
+
+  Returns:
+    (median wall seconds, mean process CPU seconds) per learner step; the CPU time
+    is this process's, all threads (TensorFlow's pools included).
+  """
   fn()  # Trace.
   fn()
-  times, start = [], time.perf_counter()
+  times, start, cpu = [], time.perf_counter(), time.process_time()
   while time.perf_counter() - start < seconds or len(times) < 3:
     t = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t)
-  return float(np.median(times)) / steps_per_call
+  cpu = (time.process_time() - cpu) / len(times)
+  return float(np.median(times)) / steps_per_call, cpu / steps_per_call
 
 
 def measure(name, extra, seconds):
-  """Times step, loop and bare for one setting; returns a dict."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from impala_tf import data, distribute, learner, networks, types  # pylint: disable=g-import-not-at-top,g-multiple-import
+  """Times step, loop and bare for one setting; returns a dict.
+
+  Call it in a fresh process: it first sizes TensorFlow's inter-op pool as the
+  trainer would for the setting (`--tf_inter_op_threads`).
+  """
   config = _config(SETTINGS[name] + list(extra))
   obs_space, act_space = _spaces(name)
+  from impala_tf import distribute  # pylint: disable=g-import-not-at-top
+  inter_op = distribute.inter_op_threads(config, obs_space.shape)
+  distribute.set_inter_op_threads(inter_op)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from impala_tf import data, learner, networks, types  # pylint: disable=g-import-not-at-top,g-multiple-import
   repeat = 1 if name == 'cartpole' else 4
   strategy = distribute.get_strategy(config.num_gpus, config.num_virtual_cpu_devices)
   lrn = learner.Learner(
@@ -172,23 +190,25 @@ def measure(name, extra, seconds):
   def bare():
     tf.nest.map_structure(lambda x: x.numpy(), bare_fn(*bare_args))
 
-  step_s = _timed(step, seconds)
+  step_s, _ = _timed(step, seconds)
   loop_start = time.perf_counter()
-  loop_s = _timed(loop, seconds, k)
+  loop_s, loop_cpu_s = _timed(loop, seconds, k)
   # The loop's own data wait: the dataset repeats one in-memory batch, so this is
   # the cost of fetching a prefetched element, never a wait for data.
   loop_wait = sum(waits) / (time.perf_counter() - loop_start)
-  bare_s = _timed(bare, seconds)
+  bare_s, _ = _timed(bare, seconds)
   ms = lambda s: round(s * 1e3, 3)
   return {
       'setting': name,
       'flags': SETTINGS[name] + list(extra),
       'batch': [config.unroll_length + 1, config.batch_size],
       'num_replicas': n,
+      'tf_inter_op_threads': inter_op,  # 0: TensorFlow's default.
       'parameters': int(sum(np.prod(v.shape) for v in net.trainable_variables)),
       'step_ms': ms(step_s), 'step_per_sec': round(1 / step_s, 1),
       'loop_ms': ms(loop_s), 'loop_per_sec': round(1 / loop_s, 1),
       'loop_data_wait_fraction': round(loop_wait, 3),
+      'loop_cpu_ms': ms(loop_cpu_s),
       'bare_ms': ms(bare_s), 'bare_per_sec': round(1 / bare_s, 1),
       'step_over_bare': round(step_s / bare_s, 3),
       'loop_over_bare': round(loop_s / bare_s, 3),
@@ -199,15 +219,29 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--settings', default='cartpole,shallow,deep')
   parser.add_argument('--seconds', type=float, default=5.0)
+  parser.add_argument('--one', help=argparse.SUPPRESS)  # A child: this setting.
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
+  if args.one:
+    print('RESULT ' + json.dumps(measure(args.one, args.extra, args.seconds)))
+    return
   load_before = os.getloadavg()
   results = []
   for name in args.settings.split(','):
     if name not in SETTINGS:
       parser.error(f'--settings: unknown setting {name!r}; one of '
                    f'{", ".join(SETTINGS)}')
-    results.append(measure(name, args.extra, args.seconds))
+  for name in args.settings.split(','):
+    # A fresh process per setting: TensorFlow's thread pools are sized once.
+    child = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), f'--one={name}',
+         f'--seconds={args.seconds}', '--'] + list(args.extra),
+        capture_output=True, text=True, check=False)
+    lines = [l for l in child.stdout.splitlines() if l.startswith('RESULT ')]
+    if child.returncode or not lines:
+      results.append({'setting': name, 'error': child.stderr.strip().splitlines()[-1:]})
+    else:
+      results.append(json.loads(lines[-1][len('RESULT '):]))
     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   print(json.dumps({

@@ -12,7 +12,9 @@ reported separately):
 * env_fps: env frames produced by the actors per second;
 * learner_fps: frames trained per second (counting minibatch reuse);
 * learner_wait_fraction: share of the learner loop spent waiting for data
-  (0 = the loading path never starves the learner).
+  (0 = the loading path never starves the learner);
+* process_cpu_seconds, process_cpu_cores_mean: CPU time of the run's process and
+  its children (start-up included), and that over the run's wall time.
 
 Settings: `default` (the trainer's defaults) and `sgd4` (`--num_sgd_iter=4`, which
 makes the learner the bottleneck).
@@ -21,13 +23,15 @@ In the same run (a fresh process, before the settings) it measures the actor loo
 alone: one `impala_tf.actor.Actor` with the default env count and network, acting
 for `--actor_seconds` with its unrolls dropped (no learner, no queue). Each setting
 then reports `env_fps_over_actor_alone`: its env frames/s over that rate (1.0 = the
-whole trainer steps envs as fast as its actor loop can on its own).
+whole trainer steps envs as fast as its actor loop can on its own). The actor loop
+alone also reports its CPU time per 1,000 env frames and the cores it kept busy.
 """
 
 import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -67,15 +71,18 @@ def actor_alone(seconds):
   thread = threading.Thread(target=actor.run, daemon=True)
   thread.start()
   time.sleep(2.0)  # Warm-up: tracing, first resets.
-  steps0, t0 = actor.steps, time.time()
+  steps0, t0, cpu0 = actor.steps, time.time(), time.process_time()
   time.sleep(seconds)
-  steps1, t1 = actor.steps, time.time()
+  steps1, t1, cpu1 = actor.steps, time.time(), time.process_time()
   stop.set()
   thread.join()
   actor.close()
   repeat = environments.action_repeat(config.env)
+  frames = (steps1 - steps0) * repeat
   return {'env': config.env, 'num_envs': config.num_envs_per_actor,
-          'env_fps': round((steps1 - steps0) * repeat / (t1 - t0))}
+          'env_fps': round(frames / (t1 - t0)),
+          'cpu_ms_per_1k_frames': round((cpu1 - cpu0) / frames * 1e6, 3),
+          'cpu_cores_mean': round((cpu1 - cpu0) / (t1 - t0), 2)}
 
 
 def measure(name, frames, extra, workdir, alone_fps=None):
@@ -84,7 +91,10 @@ def measure(name, frames, extra, workdir, alone_fps=None):
          f'--total_environment_frames={frames}', '--log_interval_secs=1'
          ] + SETTINGS[name] + extra
   start = time.time()
+  cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
   if proc.returncode:
     return {'setting': name, 'error': proc.stderr.strip().splitlines()[-1:]}
   with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
@@ -111,6 +121,8 @@ def measure(name, frames, extra, workdir, alone_fps=None):
       'window_seconds': round(dt, 1),
       'startup_seconds_to_first_learner_step': lines[-1].get('startup_seconds'),
       'process_seconds': round(time.time() - start, 1),
+      'process_cpu_seconds': round(cpu, 1),
+      'process_cpu_cores_mean': round(cpu / (time.time() - start), 2),
   }
 
 

@@ -254,6 +254,7 @@ class Config:
   learner_jit: str = 'auto'
   num_gpus: int = 0
   num_virtual_cpu_devices: int = 0
+  tf_inter_op_threads: int = -1
   num_learner_workers: int = 1
   learner_worker_timeout_secs: float = 60.0
   learner_backend: str = 'local'
@@ -494,6 +495,9 @@ _RULES = {
     'num_virtual_cpu_devices': (
         (lambda v: v >= 0),
         'must be an integer >= 0 (0: use the CPU as one device)'),
+    'tf_inter_op_threads': (
+        (lambda v: v >= -1),
+        "must be an integer >= -1 (-1: auto, 0: TensorFlow's default)"),
     'num_learner_workers': _ints(1),
     'learner_worker_timeout_secs': _positive('a number of seconds'),
     'learner_backend': _one_of(LEARNER_BACKENDS),

@@ -203,6 +203,14 @@ def train(config: config_lib.Config,
   except config_lib.ConfigError as e:
     raise TrainingError(f'--{e}') from None
   try:
+    # The spaces first: the inter-op pool must be sized before TensorFlow starts.
+    spaces = environments.env_spaces(config.env, **environments.env_kwargs(config))
+    threads = distribute.inter_op_threads(config, spaces[0].shape)
+    if distribute.set_inter_op_threads(threads,
+                                       explicit=config.tf_inter_op_threads >= 0):
+      logging.info('TensorFlow inter-op threads: %d%s', threads,
+                   ' (auto: one CPU learner, numpy actors)'
+                   if config.tf_inter_op_threads < 0 else '')
     distribute.configure_devices(config.num_virtual_cpu_devices, config.num_gpus)
     if cluster is not None and not os.environ.get(distribute.LAUNCHED_ENV):
       print(distribute.exposure_line([cluster.port]), flush=True)
@@ -210,7 +218,7 @@ def train(config: config_lib.Config,
     strategy = distribute.get_strategy(
         config.num_gpus, config.num_virtual_cpu_devices, cluster)
     run = _Run(config, stop_event or threading.Event(), on_metrics, strategy,
-               cluster)
+               cluster, spaces)
     try:
       if run.restored and run.base_env_frames >= config.total_environment_frames:
         if chief:
@@ -283,7 +291,8 @@ class _Run:
   def __init__(self, config: config_lib.Config, stop: threading.Event,
                on_metrics: Optional[Callable[[Dict[str, object]], None]],
                strategy: tf.distribute.Strategy,
-               cluster: Optional[distribute.Cluster] = None):
+               cluster: Optional[distribute.Cluster] = None,
+               spaces=None):
     self.config = config
     self.stop = stop
     self.on_metrics = on_metrics
@@ -299,9 +308,8 @@ class _Run:
     self.tmpdir = None
     self.internal_stop = threading.Event()
     self.start_time = time.time()
-    env_kwargs = environments.env_kwargs(config)
-    self.obs_space, self.action_space = environments.env_spaces(config.env,
-                                                                **env_kwargs)
+    self.obs_space, self.action_space = spaces or environments.env_spaces(
+        config.env, **environments.env_kwargs(config))
     self.repeat = environments.action_repeat(config.env)
     try:  # Before anything is built or written.
       learning_changes = rundir.check_resume(config, self.obs_space,

@@ -245,6 +245,14 @@ SECTIONS = (
               'Split the CPU into this many logical devices, one learner replica '
               'each (multi-tower learning without GPUs, for testing). 0: the CPU is '
               'one device. Range: >= 0; 0 when --num_gpus is set.'),
+        _Flag('tf_inter_op_threads', 'int',
+              "Threads of TensorFlow's inter-op pool in the trainer process (RLlib: "
+              'tf_session_args.inter_op_parallelism_threads). -1: auto, 1 where the '
+              'learner is one CPU replica and thread actors act with numpy (a '
+              'feed-forward MLP): there one thread measured 1.0-1.5x the env frames/s '
+              'of the CartPole defaults and 1.2x the learner frames/s with '
+              "--num_sgd_iter=4 on 2 cores (docs/benchmarks.md); else TensorFlow's "
+              "default. 0: TensorFlow's default (one per core). Range: >= -1."),
         _Flag('num_learner_workers', 'int',
               'Learner worker processes (tf.distribute.MultiWorkerMirroredStrategy '
               'over all their replicas; each worker has its own --num_actors '

@@ -59,6 +59,7 @@ CONFIG_ERRORS = [
     (dict(learner_queue_timeout=-1.0), 'learner_queue_timeout', '-1.0'),
     (dict(num_gpus=-1), 'num_gpus', '-1'),
     (dict(num_virtual_cpu_devices=-2), 'num_virtual_cpu_devices', '-2'),
+    (dict(tf_inter_op_threads=-2), 'tf_inter_op_threads', '-2'),
     (dict(num_learner_workers=0), 'num_learner_workers', '0'),
     (dict(learner_worker_timeout_secs=0), 'learner_worker_timeout_secs', '0'),
     (dict(learner_backend='k8s'), 'learner_backend', 'k8s'),

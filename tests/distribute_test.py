@@ -98,10 +98,10 @@ def test_check_gpus_asks_for_more_than_visible():
 _SCRIPT = textwrap.dedent(r"""
     import json
     from impala_tf import distribute
+    out = {'inter_op_set': distribute.set_inter_op_threads(3)}  # Before TF starts.
     distribute.configure_devices(num_virtual_cpu_devices=2)
     import tensorflow as tf
 
-    out = {}
     out['logical_cpus'] = len(tf.config.list_logical_devices('CPU'))
     strategy = distribute.get_strategy(num_virtual_cpu_devices=2)
     out['replicas'] = strategy.num_replicas_in_sync
@@ -119,6 +119,7 @@ _SCRIPT = textwrap.dedent(r"""
     with strategy.scope():
       v = tf.Variable(1.0)
     out['mirrored_components'] = len(strategy.experimental_local_results(v))
+    out['inter_op'] = tf.config.threading.get_inter_op_parallelism_threads()
 
     # One replica is still available once the CPU is split.
     out['one_replica'] = distribute.get_strategy(0, 0).num_replicas_in_sync
@@ -164,6 +165,42 @@ def test_two_virtual_cpu_devices_in_a_subprocess(tmp_path):
   assert out['configure_3_error'] and 'num_virtual_cpu_devices=3' in (
       out['configure_3_error'])
   assert out['configure_2_again_error'] is None
+  assert out['inter_op_set'] is True and out['inter_op'] == 3
+
+
+@pytest.mark.parametrize('fields, shape, want', [
+    ({}, [4], 1),  # The CartPole defaults: auto, an 'auto' net on vectors.
+    (dict(network='mlp'), [84, 84, 4], 1),  # An MLP acts with numpy on any input.
+    ({}, [84, 84, 4], 0),  # 'auto' on images: a conv net, TensorFlow actors.
+    (dict(network='shallow'), [84, 84, 4], 0),
+    (dict(use_lstm=True), [4], 0),
+    (dict(actor_backend='ray'), [4], 0),
+    (dict(num_virtual_cpu_devices=2), [4], 0),
+    (dict(num_learner_workers=2), [4], 0),
+    (dict(num_gpus=1), [4], 0),
+    (dict(tf_inter_op_threads=0), [4], 0),  # Asked for: as asked.
+    (dict(tf_inter_op_threads=3, network='shallow'), [84, 84, 4], 3),
+])
+def test_inter_op_threads_auto_is_one_only_for_a_cpu_learner_with_numpy_actors(
+    fields, shape, want):
+  assert distribute.inter_op_threads(config_lib.Config(**fields), shape) == want
+
+
+def test_inter_op_threads_after_tensorflow_started(monkeypatch):
+  tf.constant(1.0) + 1.0  # pylint: disable=expression-not-assigned
+  have = tf.config.threading.get_inter_op_parallelism_threads()
+  warnings = []
+  monkeypatch.setattr(distribute.logging, 'warning',
+                      lambda msg, *args: warnings.append(msg % args))
+  assert distribute.set_inter_op_threads(0) is False  # 0: nothing to set.
+  assert distribute.set_inter_op_threads(have + 5, explicit=False) is False
+  assert not warnings  # An automatic choice that cannot apply is dropped.
+  assert distribute.set_inter_op_threads(have + 5) is False
+  assert warnings == [
+      f'tf_inter_op_threads={have + 5} not applied: TensorFlow already initialised '
+      'its thread pools in this process (set it before any TensorFlow op runs, '
+      'e.g. in a fresh process)']
+  assert tf.config.threading.get_inter_op_parallelism_threads() == have
 
 
 if __name__ == '__main__':

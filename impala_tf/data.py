@@ -69,8 +69,11 @@ class LearnerQueue:
         continue
     return False
 
-  def wait_for_room(self) -> bool:
+  def wait_for_room(self, timeout: Optional[float] = None) -> bool:
     """Blocks while the queue is full. Returns False when stopped instead.
+
+    With a `timeout` (seconds) it also returns False once that has passed with the
+    queue still full.
 
     An actor that calls this before it starts an unroll acts with the weights of
     when room appeared, not of when its previous put began: a chunk waits in the
@@ -80,12 +83,16 @@ class LearnerQueue:
     returns at once. The learner still finds a chunk ready whenever the actors keep
     up, so throughput does not change.
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
     while not self._stop.is_set():
       # not_full shares the queue's (non-reentrant) mutex: read the length directly.
       with self._queue.not_full:
         if self._queue.maxsize <= 0 or len(self._queue.queue) < self._queue.maxsize:
           return True
-        self._queue.not_full.wait(timeout=0.1)
+        left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+        if left <= 0:
+          return False
+        self._queue.not_full.wait(timeout=left)
     return False
 
   def put_then_wait_for_room(self, chunk: Arrays) -> bool:

@@ -326,6 +326,26 @@ def test_put_then_wait_for_room_returns_only_when_the_chunk_is_taken():
   assert q.wait_for_room() is False
 
 
+def test_wait_for_room_with_a_timeout_gives_up_when_it_passes():
+  stop = threading.Event()
+  q = data.LearnerQueue(maxsize=1, timeout=5.0, stop_event=stop)
+  assert q.wait_for_room(timeout=0.0) is True  # Room: True even with no time.
+  assert q.put(_chunk([0]))
+  start = time.monotonic()
+  assert q.wait_for_room(timeout=0.25) is False  # Still full when it passed.
+  assert 0.25 <= time.monotonic() - start < 5.0
+  # Room appearing while it waits: True as soon as the chunk is taken.
+  taker = threading.Timer(0.2, q.get)
+  taker.start()
+  start = time.monotonic()
+  assert q.wait_for_room(timeout=10.0) is True
+  assert time.monotonic() - start < 5.0
+  taker.join()
+  assert q.put(_chunk([1]))
+  stop.set()
+  assert q.wait_for_room(timeout=10.0) is False  # Stopped: False at once.
+
+
 def test_learner_queue_get_times_out_with_flag_name():
   q = data.LearnerQueue(maxsize=2, timeout=0.3, stop_event=threading.Event())
   start = time.monotonic()

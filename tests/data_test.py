@@ -101,6 +101,23 @@ def test_no_unroll_lost_or_duplicated_one_loader():
   assert source.error is None
 
 
+def test_loader_gives_the_chunks_values_in_the_signatures_dtypes_to_their_end():
+  chunks = _chunks(3, 2)
+  chunks[1] = dict(chunks[1], reward=chunks[1]['reward'].astype(np.float64))
+  source = _list_source(chunks)
+  ds = data.build_dataset(source, SIG, batch_size=2)
+  for key, spec in SIG.items():  # Static shapes: the batch's, then the signature's.
+    assert ds.element_spec[key].dtype == spec.dtype, key
+    assert ds.element_spec[key].shape.as_list() == [2] + spec.shape[1:].as_list(), key
+  els = _elements(ds)
+  assert len(els) == 3  # Every chunk, then the end (no error, no hang).
+  for e, chunk in zip(els, chunks):
+    for key in SIG:
+      np.testing.assert_array_equal(e[key], chunk[key].astype(e[key].dtype))
+  assert els[1]['reward'].dtype == np.float32  # float64 from an actor: cast.
+  assert source.error is None and source.active == 0
+
+
 def test_no_unroll_lost_or_duplicated_two_loaders():
   source = _list_source(_chunks(12, 3))  # 36 unrolls = 9 batches of 4.
   ds = data.build_dataset(source, SIG, batch_size=4, num_loaders=2)

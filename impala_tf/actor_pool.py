@@ -15,11 +15,13 @@ The driver sees acting only through an `ActorPool`:
 * finished episodes go to the `episode_sink` given at construction;
 * `stop()` stops and releases everything (call it after the loaders have returned).
 
-Two backends (`Config.actor_backend`):
+Three backends (`Config.actor_backend`):
 
 * `threads` (`ThreadActorPool`): each actor is a thread of this process, its chunks
   go straight into the learner queue. Cheapest to start; one interpreter (and GIL)
   for acting, loading and learning.
+* `processes` (`impala_tf.process_actors.ProcessActorPool`): each actor is a child
+  process; unrolls and weights go through shared memory (docs/scaling.md).
 * `ray` (`impala_tf.ray_actors.RayActorPool`): each actor is a Ray actor process,
   on this machine or on a Ray cluster. The driver imports it only when asked for,
   so Ray stays an optional dependency.

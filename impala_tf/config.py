@@ -32,7 +32,7 @@ REWARD_CLIPPINGS = ('abs_one', 'soft_asymmetric', 'none')
 LOSS_REDUCTIONS = ('sum', 'mean')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
 ENV_BACKENDS = ('auto', 'gymnasium', 'envpool')
-ACTOR_BACKENDS = ('threads', 'ray')
+ACTOR_BACKENDS = ('threads', 'processes', 'ray')
 LEARNER_BACKENDS = ('local', 'ray')
 LEARNER_JIT = ('auto', 'on', 'off')
 

@@ -299,7 +299,7 @@ def inter_op_threads(config: config_lib.Config,
   one_cpu_replica = (config.num_gpus == 0 and config.num_virtual_cpu_devices <= 1 and
                      config.num_learner_workers == 1)
   return 1 if (numpy_actors and one_cpu_replica and
-               config.actor_backend == 'threads') else 0
+               config.actor_backend in ('threads', 'processes')) else 0
 
 
 def set_inter_op_threads(num_threads: int, explicit: bool = True) -> bool:

@@ -52,6 +52,7 @@ from impala_tf import learner as learner_lib
 from impala_tf import losses
 from impala_tf import metrics as metrics_lib
 from impala_tf import networks
+from impala_tf import process_actors
 from impala_tf import replay as replay_lib
 from impala_tf import rundir
 from impala_tf import saved_policy
@@ -106,6 +107,8 @@ def _make_pool(config: config_lib.Config, *args) -> actor_pool.ActorPool:
   if config.actor_backend == 'ray':
     from impala_tf import ray_actors  # pylint: disable=g-import-not-at-top
     return ray_actors.RayActorPool(config, *args)
+  if config.actor_backend == 'processes':
+    return process_actors.ProcessActorPool(config, *args)
   return actor_pool.ThreadActorPool(config, *args)
 
 

@@ -147,9 +147,11 @@ SECTIONS = (
               '(RLlib: broadcast_interval). Range: >= 1.'),
         _Flag('actor_backend', 'enum',
               "Where actors run: 'threads' (threads of the learner's process; "
-              "cheapest start, best for cheap envs on few cores) or 'ray' (one Ray "
-              'actor process each, on this machine or a Ray cluster; needs the ray '
-              'extra). Both produce the same unrolls; see docs/scaling.md.'),
+              "cheapest start), 'processes' (one local child process each, unrolls "
+              'and weights through shared memory: acting takes no share of the '
+              "learner's interpreter lock) or 'ray' (one Ray actor process each, on "
+              'this machine or a Ray cluster; needs the ray extra). All produce the '
+              'same unrolls; see docs/scaling.md.'),
         _Flag('ray_address', 'string',
               "With --actor_backend=ray: '' starts a local Ray instance sized to "
               'this machine, listening on 127.0.0.1 only, without dashboard, shut '

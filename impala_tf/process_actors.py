@@ -1,0 +1,521 @@
+"""Actors as local processes: unrolls and weights through shared memory.
+
+`ProcessActorPool` (`--actor_backend=processes`) runs each actor in a child process
+of its own (started with `spawn`), so acting takes no share of the learner
+process's interpreter lock: on a machine with a core to spare for it, the actor
+loop runs at its own speed next to the learner. Nothing is pickled per unroll:
+
+* each child owns `learner_queue_size` slots of a shared-memory block, each slot
+  one chunk of the run's fixed layout (`chunk_layout`); it writes a finished chunk
+  into a slot it holds, then puts the slot's index on the pool's `filled` queue
+  (a pipe; a few bytes) and waits for a free slot of its own before it acts again
+  (the threads backend's `put_then_wait_for_room`: a chunk waits in the queue,
+  never in the actor's hands, so the next unroll starts with the newest weights);
+* the loaders (`get_chunk`) take an index from `filled`, copy the chunk out and
+  hand the slot back (a semaphore per child);
+* `publish` writes the weights into a shared block under a lock and bumps its
+  version; a child copies them at an unroll boundary when the version changed
+  (what `actor.ParameterBroadcast` does for threads);
+* finished episodes, and a child's error, come back over a pipe per child.
+
+A child builds its Actor with `actor_pool.make_actor` from the same Config, seeds
+and sampling stream as the other backends, so a run's unrolls are the same
+whichever backend made them. A child that dies (an env error, a kill) is replaced
+with fresh env seeds and counted in `restarts`, with the threads backend's budget
+(`actor_pool.RestartBudget`); the replacement gets a new block, and chunks the
+dead child had finished are still read. `stop()` asks the children to stop,
+terminates those that do not within `STOP_JOIN_SECS`, and unlinks every block.
+"""
+
+from impala_tf import quiet
+
+# A child imports this module first: as quiet as the run that started it.
+quiet.quiet_if_parent_was()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
+import multiprocessing
+from multiprocessing import connection as mp_connection
+from multiprocessing import shared_memory
+import contextlib
+import sys
+import threading
+import time
+import traceback
+import types as types_lib
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+import numpy as np
+
+from impala_tf import actor_pool
+from impala_tf import data
+from impala_tf import types
+
+# Seconds `stop` waits for the children to exit before terminating them.
+STOP_JOIN_SECS = 5.0
+# Seconds a blocked child or loader sleeps between checks of the stop flag.
+_POLL_SECS = 0.05
+_ALIGN = 64
+_MAIN_LOCK = threading.Lock()
+# Header of the weights block, int64: [version, stop flag, steps of actor 0, ...].
+_VERSION, _STOP, _STEPS = 0, 1, 2
+
+Layout = Tuple[Tuple[str, Tuple[int, ...], str], ...]
+
+
+def chunk_layout(config, observation_space, action_space) -> Layout:
+  """The fields of one chunk: `(key, shape, dtype name)`, as `Actor` emits them.
+
+  Args:
+    config: the run's Config (`num_envs_per_actor` B, `unroll_length` T, LSTM).
+    observation_space: the single-env observation space.
+    action_space: the single-env Discrete action space.
+
+  Returns:
+    Tuple of `(key, shape, dtype)`; shapes `[B, T + 1, ...]` or `[B, ...]`.
+  """
+  b, t1 = config.num_envs_per_actor, config.unroll_length + 1
+  a = int(action_space.n)
+  fields = [
+      ('observation', (b, t1) + tuple(observation_space.shape),
+       np.dtype(observation_space.dtype).name),
+      ('reward', (b, t1), 'float32'),
+      ('terminated', (b, t1), 'bool'),
+      ('truncated', (b, t1), 'bool'),
+      ('first', (b, t1), 'bool'),
+      ('prev_action', (b, t1), 'int32'),
+      ('action', (b, t1), 'int32'),
+      ('behaviour_logits', (b, t1, a), 'float32'),
+  ]
+  if config.use_lstm:
+    fields += [(f'core_state_{i}', (b, config.lstm_size), 'float32')
+               for i in range(2)]
+  fields += [('policy_version', (b,), 'int64'), ('unroll_id', (b,), 'int64'),
+             ('replayed', (b,), 'bool')]
+  return tuple(fields)
+
+
+def _offsets(fields) -> Tuple[List[int], int]:
+  """Byte offsets of `(key, shape, dtype)` fields laid out in order, and the size."""
+  offsets, size = [], 0
+  for _, shape, dtype in fields:
+    offsets.append(size)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    size += -(-nbytes // _ALIGN) * _ALIGN
+  return offsets, max(size, _ALIGN)
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+  """Opens the parent's block `name` in a child; the parent unlinks it.
+
+  (Python < 3.13 registers the attached block with the resource tracker again;
+  `spawn` children share the parent's tracker, which keeps one entry per name, so
+  the parent's unlink clears it.)
+  """
+  return shared_memory.SharedMemory(name=name)
+
+
+@contextlib.contextmanager
+def _no_main_module():
+  """Starts `spawn` children without re-importing the parent's `__main__`.
+
+  `spawn` runs the parent's main script (or `-m` module) again in every child
+  before its target, which fails for a script without an `if __name__ ==
+  '__main__'` guard and costs every child the script's imports. The child's
+  target lives in this module, so it needs nothing of `__main__`.
+  """
+  with _MAIN_LOCK:
+    main = sys.modules.get('__main__')
+    sys.modules['__main__'] = types_lib.ModuleType('__main__')
+    try:
+      yield
+    finally:
+      if main is not None:
+        sys.modules['__main__'] = main
+
+
+def _views(buf, base: int, fields, offsets) -> Dict[str, np.ndarray]:
+  return {key: np.ndarray(shape, dtype, buffer=buf, offset=base + off)
+          for (key, shape, dtype), off in zip(fields, offsets)}
+
+
+class _Slots:
+  """`num_slots` chunks of one layout in one shared-memory block."""
+
+  def __init__(self, layout: Layout, num_slots: int, name: Optional[str] = None):
+    self._offsets, self.slot_bytes = _offsets(layout)
+    self._layout = layout
+    self.num_slots = num_slots
+    if name is None:
+      self.shm = shared_memory.SharedMemory(create=True,
+                                            size=self.slot_bytes * num_slots)
+    else:
+      self.shm = _attach(name)
+    self.slots = [_views(self.shm.buf, i * self.slot_bytes, layout, self._offsets)
+                  for i in range(num_slots)]
+
+  def close(self, unlink: bool = False):
+    self.slots = []
+    try:
+      self.shm.close()
+      if unlink:
+        self.shm.unlink()
+    except (BufferError, FileNotFoundError):
+      pass
+
+
+class _SharedWeights:
+  """The policy weights and the header (version, stop flag, steps) in shared memory.
+
+  The parent writes weights under `lock`; a child reads `version` without it (an
+  aligned int64) and copies the weights under it when the version changed. It
+  stands in for `actor.ParameterBroadcast` in the child.
+  """
+
+  def __init__(self, shapes, num_actors: int, lock, name: Optional[str] = None):
+    self._fields = tuple((f'w{i}', tuple(s), 'float32') for i, s in enumerate(shapes))
+    self._fields = ((('header', (_STEPS + num_actors,), 'int64'),) + self._fields)
+    offsets, size = _offsets(self._fields)
+    self.shm = (shared_memory.SharedMemory(create=True, size=size) if name is None
+                else _attach(name))
+    views = _views(self.shm.buf, 0, self._fields, offsets)
+    self.header = views.pop('header')
+    self._weights = [views[f'w{i}'] for i in range(len(shapes))]
+    self._lock = lock
+    if name is None:
+      self.header[:] = 0
+      self.header[_VERSION] = -1
+
+  @property
+  def version(self) -> int:
+    return int(self.header[_VERSION])
+
+  def publish(self, version: int, weights: Sequence[np.ndarray]):
+    with self._lock:
+      for dst, src in zip(self._weights, weights):
+        dst[...] = src
+      self.header[_VERSION] = int(version)
+
+  def latest(self):
+    with self._lock:
+      version = int(self.header[_VERSION])
+      if version < 0:
+        return version, None
+      return version, [w.copy() for w in self._weights]
+
+  def close(self, unlink: bool = False):
+    self.header = None
+    self._weights = []
+    try:
+      self.shm.close()
+      if unlink:
+        self.shm.unlink()
+    except (BufferError, FileNotFoundError):
+      pass
+
+
+class _StopFlag:
+  """`threading.Event`'s `is_set` over the shared header (read every env step)."""
+
+  def __init__(self, header):
+    self._header = header
+
+  def is_set(self) -> bool:
+    return bool(self._header[_STOP])
+
+  def set(self):
+    self._header[_STOP] = 1
+
+
+def _child_main(spec):
+  """A child: builds its Actor, acts, and writes chunks into its slots."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  conn = spec['conn']
+  weights = slots = None
+  try:
+    weights = _SharedWeights(spec['weight_shapes'], spec['num_actors'],
+                             spec['weights_lock'], name=spec['weights_name'])
+    slots = _Slots(spec['layout'], spec['num_slots'], name=spec['slots_name'])
+    stop = _StopFlag(weights.header)
+    free, filled, actor_id = spec['free'], spec['filled'], spec['actor_id']
+    pending: List[types.EpisodeStats] = []
+    state = {'slot': 0, 'actor': None}
+
+    def wait_for_slot() -> bool:
+      while not stop.is_set():
+        if free.acquire(timeout=_POLL_SECS):
+          return True
+      return False
+
+    def emit(chunk) -> bool:
+      slot = state['slot']
+      for key, view in slots.slots[slot].items():
+        view[...] = chunk[key]
+      weights.header[_STEPS + actor_id] = state['actor'].steps
+      filled.put((actor_id, spec['generation'], slot))
+      if pending:
+        conn.send(('episodes', list(pending)))
+        del pending[:]
+      state['slot'] = (slot + 1) % slots.num_slots
+      return wait_for_slot()
+
+    rng = tf.random.Generator.from_state(spec['rng_state'], spec['rng_alg'])
+    if not wait_for_slot():
+      return
+    actor = actor_pool.make_actor(
+        spec['config'], actor_id, spec['restarts'], spec['observation_space'],
+        spec['action_space'], weights, emit, pending.extend, stop, rng=rng,
+        resumes=spec['resumes'], id_offset=spec['id_offset'])
+    state['actor'] = actor
+    try:
+      actor.run()
+    finally:
+      weights.header[_STEPS + actor_id] = actor.steps
+      actor.close()
+      if pending:  # Episodes that ended in the last, unfinished unroll.
+        conn.send(('episodes', list(pending)))
+  except KeyboardInterrupt:
+    pass
+  except BaseException as e:  # pylint: disable=broad-except
+    try:
+      conn.send(('error', type(e).__name__, str(e), traceback.format_exc()))
+    except (OSError, ValueError):
+      pass
+  finally:
+    for block in (slots, weights):
+      if block is not None:
+        block.close()
+
+
+class _ChildError(RuntimeError):
+  """A child's exception, as the child reported it."""
+
+  def __init__(self, type_name: str, message: str):
+    super().__init__(message)
+    self.type_name = type_name
+
+  def __str__(self):
+    return f'{self.type_name}: {super().__str__()}'
+
+
+class _Child:
+  """The parent's record of one actor process (one generation of actor `id`)."""
+
+  def __init__(self, actor_id, generation, process, conn, slots, free):
+    self.actor_id = actor_id
+    self.generation = generation
+    self.process = process
+    self.conn = conn
+    self.slots = slots
+    self.free = free
+    self.error: Optional[BaseException] = None
+
+
+class _QueueView:
+  """What the driver reads of a learner queue: chunks waiting and the capacity."""
+
+  def __init__(self, maxsize: int, reader):
+    self.maxsize = maxsize
+    self.num_got = 0
+    self._reader = reader
+
+  def qsize(self) -> int:
+    """1 when a chunk is waiting, else 0 (the pipe tells no more)."""
+    try:
+      return int(self._reader.poll(0))
+    except (OSError, ValueError):
+      return 0
+
+
+class ProcessActorPool(actor_pool.ActorPool):
+  """Actors as child processes; see the module docstring."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._ctx = multiprocessing.get_context('spawn')
+    c = self.config
+    self._layout = chunk_layout(c, self.observation_space, self.action_space)
+    self._num_slots = c.learner_queue_size
+    self._filled = self._ctx.SimpleQueue()
+    self.queue = _QueueView(c.learner_queue_size * c.num_actors,
+                            self._filled._reader)  # pylint: disable=protected-access
+    self._weights_lock = self._ctx.Lock()
+    self._weights: Optional[_SharedWeights] = None
+    self._children: Dict[int, _Child] = {}
+    self._blocks: Dict[Tuple[int, int], _Child] = {}  # (actor, generation) -> child
+    self._restarts = [0] * c.num_actors
+    self._steps_done = [0] * c.num_actors
+    self._read_lock = threading.Lock()
+    self._lock = threading.Lock()
+    self._monitor: Optional[threading.Thread] = None
+    self._stopped = False
+
+  def start(self, version, weights):
+    self._weights = _SharedWeights([w.shape for w in weights], self.config.num_actors,
+                                   self._weights_lock)
+    self.publish(version, weights)
+    for i in range(self.config.num_actors):
+      self._spawn(i)
+    self._monitor = threading.Thread(target=self._watch, name='process-actors',
+                                     daemon=True)
+    self._monitor.start()
+
+  def _spawn(self, actor_id: int):
+    generation = self._restarts[actor_id]
+    slots = _Slots(self._layout, self._num_slots)
+    free = self._ctx.Semaphore(self._num_slots)
+    parent_conn, child_conn = self._ctx.Pipe(duplex=False)
+    rng = self.rngs[actor_id]
+    spec = {
+        'config': self.config, 'actor_id': actor_id, 'generation': generation,
+        'restarts': generation, 'resumes': self.resumes,
+        'id_offset': self.first_actor_id,
+        'observation_space': self.observation_space,
+        'action_space': self.action_space,
+        'layout': self._layout, 'num_slots': self._num_slots,
+        'slots_name': slots.shm.name, 'free': free, 'filled': self._filled,
+        'weights_name': self._weights.shm.name,
+        'weight_shapes': [tuple(w.shape) for w in self._weights._weights],  # pylint: disable=protected-access
+        'weights_lock': self._weights_lock, 'num_actors': self.config.num_actors,
+        'rng_state': rng.state.numpy(), 'rng_alg': rng.algorithm,
+        'conn': child_conn,
+    }
+    # The child draws its numpy sampling seed from this state once (Actor's
+    # `_reseed`); the same draw here keeps the checkpointed stream where it is.
+    rng.uniform_full_int([2], dtype='int64')
+    process = self._ctx.Process(target=_child_main, args=(spec,),
+                                name=f'impala_tf-actor-{actor_id}', daemon=True)
+    with _no_main_module():
+      process.start()
+    child_conn.close()
+    child = _Child(actor_id, generation, process, parent_conn, slots, free)
+    with self._lock:
+      self._children[actor_id] = child
+      self._blocks[(actor_id, generation)] = child
+
+  def _watch(self):
+    """Delivers episodes and errors; replaces children that die."""
+    budgets = [actor_pool.RestartBudget() for _ in range(self.config.num_actors)]
+    while not self.stop_event.is_set():
+      with self._lock:
+        children = list(self._children.values())
+      waitables = {}
+      for child in children:
+        waitables[child.conn] = child
+        waitables[child.process.sentinel] = child
+      ready = mp_connection.wait(list(waitables), timeout=_POLL_SECS * 4)
+      for obj in ready:
+        child = waitables[obj]
+        if obj is child.conn:
+          self._receive(child)
+        elif not self.stop_event.is_set():
+          self._died(child, budgets[child.actor_id])
+    self._tell_children_to_stop()
+
+  def _tell_children_to_stop(self):
+    weights = self._weights
+    if weights is not None and weights.header is not None:
+      _StopFlag(weights.header).set()
+
+  def _receive(self, child: _Child):
+    try:
+      while child.conn.poll():
+        message = child.conn.recv()
+        if message[0] == 'episodes':
+          self.episode_sink(message[1])
+        elif message[0] == 'error':
+          _, type_name, text, tb = message
+          child.error = _ChildError(type_name, text)
+          child.traceback = tb
+    except (EOFError, OSError):
+      pass
+
+  def _died(self, child: _Child, budget: actor_pool.RestartBudget):
+    self._receive(child)
+    child.process.join(timeout=1.0)
+    if self._children.get(child.actor_id) is not child:
+      return
+    error = child.error or _ChildError(
+        'ActorProcessExit', f'the process exited with code {child.process.exitcode}')
+    self._steps_done[child.actor_id] += int(
+        self._weights.header[_STEPS + child.actor_id])
+    self._weights.header[_STEPS + child.actor_id] = 0
+    logging.error('actor %d died (%s); restarting it with a fresh env.',
+                  child.actor_id, actor_pool._one_line(error))  # pylint: disable=protected-access
+    tb = getattr(child, 'traceback', None)
+    if tb and self.first_time(error):
+      logging.error('actor %d: traceback of %s (shown once per distinct error):\n%s',
+                    child.actor_id, error.type_name, tb)
+    child.conn.close()
+    if not budget.died():
+      self.fail(actor_pool.ActorPoolError(budget.message(child.actor_id, error)))
+      return
+    self._restarts[child.actor_id] += 1
+    self._spawn(child.actor_id)
+
+  def publish(self, version, weights):
+    self._weights.publish(version, weights)
+
+  def get_chunk(self):
+    deadline = time.monotonic() + self.config.learner_queue_timeout
+    reader = self._filled._reader  # pylint: disable=protected-access
+    with self._read_lock:  # One loader at a time reads the pipe.
+      while self.stop_event.is_set() or not reader.poll(_POLL_SECS):
+        if self.stop_event.is_set():
+          self._tell_children_to_stop()
+          return None
+        if time.monotonic() > deadline:
+          raise data.LearnerQueueTimeout(
+              f'no unroll reached the learner for {self.config.learner_queue_timeout:g}'
+              ' s (--learner_queue_timeout): the actors are stalled or too slow; '
+              'check the env, or raise --learner_queue_timeout')
+      actor_id, generation, slot = self._filled.get()
+    with self._lock:
+      child = self._blocks[(actor_id, generation)]
+    chunk = {key: view.copy() for key, view in child.slots.slots[slot].items()}
+    child.free.release()
+    self.queue.num_got += 1
+    return chunk
+
+  @property
+  def steps(self):
+    header = self._weights.header if self._weights is not None else None
+    if header is None:
+      return sum(self._steps_done)
+    return sum(self._steps_done) + int(header[_STEPS:].sum())
+
+  @property
+  def restarts(self):
+    return sum(self._restarts)
+
+  def stop(self):
+    if self._stopped:
+      return
+    self._stopped = True
+    self.stop_event.set()
+    self._tell_children_to_stop()
+    if self._monitor is not None:
+      self._monitor.join(timeout=STOP_JOIN_SECS)
+    deadline = time.monotonic() + STOP_JOIN_SECS
+    with self._lock:
+      children = list(self._blocks.values())
+    for child in children:
+      child.process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for child in children:
+      if child.process.is_alive():
+        child.process.terminate()
+        child.process.join(timeout=1.0)
+      if child.process.is_alive():
+        child.process.kill()
+        child.process.join(timeout=1.0)
+    for child in children:
+      child.slots.close(unlink=True)
+      try:
+        child.conn.close()
+      except OSError:
+        pass
+    if self._weights is not None:
+      steps = self.steps
+      self._weights.close(unlink=True)
+      self._weights = None
+      self._steps_done = [steps] + [0] * (len(self._steps_done) - 1)

@@ -284,8 +284,8 @@ _DIAGNOSTICS = ('loss', 'policy_loss', 'baseline_loss', 'entropy_loss', 'entropy
                 'rho_mean', 'rho_clip_fraction', 'advantage_mean', 'advantage_std',
                 'value_mean', 'log_rho_abs_mean', 'rho_above_1p1_fraction')
 # Learner outputs logged as they are (from the window's last step), when present.
-_LAST_STEP = ('grad_norm_policy', 'grad_norm_baseline', 'grad_norm_entropy',
-              'popart_mu', 'popart_sigma')
+_TERM_NORMS = ('grad_norm_policy', 'grad_norm_baseline', 'grad_norm_entropy')
+_LAST_STEP = _TERM_NORMS + ('popart_mu', 'popart_sigma')
 
 
 class _Run:
@@ -381,6 +381,8 @@ class _Run:
     self.agree_rings = max(1, math.ceil(AGREE_EVERY_STEPS / ring))
     self.pool: Optional[actor_pool.ActorPool] = None
     self.out = None  # The last learner step's output.
+    # The per-term gradient norms of the last call that measured them.
+    self.term_norms: Dict[str, float] = {}
     self.first_step_secs = self.first_step_unix = None
     self.nonfinite_error: Optional[TrainingError] = None
     self.steps_run = 0  # Learner steps of this call (read by the stop watcher).
@@ -548,8 +550,16 @@ class _Run:
     base_learner_steps = int(learner.learner_steps.numpy())
     while True:
       t0 = time.perf_counter()
+      # A metrics line follows this call: only such a call measures the per-term
+      # gradient norms (two more backward passes, ~10% of a CartPole step), so
+      # the line still shows its window's last step's. Workers of a multi-worker
+      # run must run the same graph (its collectives): they measure every call.
+      log_due = time.time() - last_log >= config.log_interval_secs
+      term_norms = None if self.multi else (config.loss_term_grad_norms and (
+          log_due or not self.term_norms))  # And the first call: a final line.
       try:
-        self.out = learner.step_from_iterator(iterator, self._learner_reuse)
+        self.out = learner.step_from_iterator(iterator, self._learner_reuse,
+                                              term_norms=term_norms)
       except (StopIteration, tf.errors.OutOfRangeError):
         # A call that found no batch made no step and changed no counter.
         # The data ends when the run is stopping: by request (interrupted), or
@@ -569,6 +579,7 @@ class _Run:
         self.first_step_secs = self.first_step_unix - self.start_time
         step_secs = None
       self.window.add(self.out, step_secs)
+      self.term_norms.update({k: self.out[k] for k in _TERM_NORMS if k in self.out})
       if float(self.out['nonfinite_streak']) >= config.max_nonfinite_updates:
         self.nonfinite_error = TrainingError(
             f'{config.max_nonfinite_updates} updates in a row had a non-finite loss '
@@ -579,7 +590,7 @@ class _Run:
         return False, False
 
       now = time.time()
-      if now - last_log >= config.log_interval_secs:
+      if log_due:
         last_log = now
         self._emit(self._metrics())
       if not self.multi and now - last_ckpt >= config.checkpoint_interval_secs:
@@ -697,6 +708,7 @@ class _Run:
     m.update(self.window.metrics(frames))
     m.update(self._episode_summary())
     m.update({k: summary[k] for k in _DIAGNOSTICS if k in summary})
+    diag = dict(self.term_norms, **diag)
     m.update({k: diag[k] for k in _LAST_STEP if k in diag})
     if final:
       m['final'] = True

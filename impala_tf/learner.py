@@ -27,7 +27,7 @@ use), which is checkpointed with the rest.
 """
 
 import functools
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -175,9 +175,11 @@ class _Unpacker:
     self.dtypes = tuple(sorted(sizes))
     self.keys = ()
 
-  def __call__(self, packed: Dict[str, tf.Tensor]) -> Dict[str, object]:
-    """packed: 'scalars' float64 `[len(keys)]`, and a flat vector per dtype."""
-    out = dict(zip(self.keys, packed['scalars'].numpy().tolist()))
+  def __call__(self, packed: Dict[str, tf.Tensor], keys=None) -> Dict[str, object]:
+    """packed: 'scalars' float64 `[len(keys)]`, and a flat vector per dtype;
+    keys: the scalars' names (default: `self.keys`)."""
+    keys = self.keys if keys is None else keys
+    out = dict(zip(keys, packed['scalars'].numpy().tolist()))
     flat = {dtype: packed[dtype].numpy() for dtype in self.dtypes}
     out['weights'] = [flat[dtype][start:start + size].reshape(shape)
                       for dtype, start, size, shape in self._layout]
@@ -241,7 +243,7 @@ class Learner(tf.Module):
     self._train_from_iterator = tf.function(self._train_from_iterator_fn,
                                             autograph=False)
     self._bound_iterator = None
-    self._bound_train = None
+    self._bound_train = {}  # term_norms -> (concrete function, its output keys).
     self._bound_reuse = None
     self._unpack = _Unpacker(self.network.variables)
     # Reading all weights in one call (one dispatch, not one per variable).
@@ -280,7 +282,8 @@ class Learner(tf.Module):
     """
     return self._train(shards)
 
-  def step_from_iterator(self, iterator, reuse: int = 1) -> Dict[str, object]:
+  def step_from_iterator(self, iterator, reuse: int = 1,
+                         term_norms: Optional[bool] = None) -> Dict[str, object]:
     """Fetches batches and trains on them: `learner_steps_per_call` steps, one call.
 
     With `reuse` = k > 1 the call trains k steps on each batch it fetches (the
@@ -299,6 +302,10 @@ class Learner(tf.Module):
     Args:
       iterator: an iterator over `data.distribute(...)`.
       reuse: int >= 1, steps on each fetched batch.
+      term_norms: whether the call's first step measures the per-term gradient
+        norms (`grad_norm_policy`, ...: two more backward passes, ~10% of a
+        CartPole step); None takes `config.loss_term_grad_norms`. The driver asks
+        for them only on the calls whose outputs it logs.
 
     Returns:
       dict of Python floats: what `step` returns for the call's last step,
@@ -322,18 +329,25 @@ class Learner(tf.Module):
     # which cost more Python time per CartPole step than the step's graph.
     if reuse < 1:
       raise ValueError(f'reuse must be >= 1, got {reuse}')
+    if term_norms is None:
+      term_norms = self._config.loss_term_grad_norms
+    term_norms = bool(term_norms)
     if self._bound_iterator is not iterator or self._bound_reuse != reuse:
       self._bound_iterator, self._bound_reuse = iterator, reuse
+      self._bound_train = {}
+    if term_norms not in self._bound_train:
       # Its concrete function, called directly: the polymorphic function's
       # per-call dispatch was ~10% of a CartPole call.
-      self._bound_train = tf.function(
-          lambda: self._train_from_iterator_fn(iterator, reuse),
+      fn = tf.function(
+          lambda: self._train_from_iterator_fn(iterator, reuse, term_norms),
           autograph=False).get_concrete_function()
-    packed = self._bound_train()
-    return self._unpack(packed)
+      self._bound_train[term_norms] = (fn, self._unpack.keys)
+    fn, keys = self._bound_train[term_norms]
+    return self._unpack(fn(), keys)
 
-  def _train_from_iterator_fn(self, iterator, reuse=1):
-    packer, packed, _ = self._timed_step(lambda: next(iterator), reuse=reuse)
+  def _train_from_iterator_fn(self, iterator, reuse=1, term_norms=None):
+    packer, packed, _ = self._timed_step(lambda: next(iterator),
+                                         term_norms=term_norms, reuse=reuse)
     more = -(-self._config.learner_steps_per_call // reuse) - 1  # Batches.
     if more > 0:
       packed = self._more_steps(iterator, packer, packed, more, reuse)

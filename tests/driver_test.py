@@ -117,6 +117,33 @@ def test_run_leaves_config_and_metrics(replay_run):
   assert any(e.startswith('events.out.tfevents') for e in events), events
 
 
+def test_term_norms_are_measured_on_the_logged_calls_only(tmp_path, monkeypatch):
+  calls = []  # (term_norms, the call's grad_norm_policy or None), in order.
+  step = driver.learner_lib.Learner.step_from_iterator
+
+  def recording(self, iterator, reuse=1, term_norms=None):
+    out = step(self, iterator, reuse, term_norms=term_norms)
+    calls.append((term_norms, out.get('grad_norm_policy')))
+    return out
+
+  monkeypatch.setattr(driver.learner_lib.Learner, 'step_from_iterator', recording)
+  config = testing.tiny_config(logdir=str(tmp_path), loss_term_grad_norms=True,
+                               total_environment_frames=4000, log_interval_secs=0.3)
+  driver.train(config)
+  lines = _read_metrics(str(tmp_path))
+  measured = [norm for asked, norm in calls if asked]
+  assert calls[0][0] is True  # The first call: a run too short to log has them.
+  assert all(norm is not None for norm in measured)
+  assert all(norm is None for asked, norm in calls if not asked)
+  # A few calls measure them (one per metrics line, plus the first), not every one.
+  assert len(measured) <= len(lines) + 1 < len(calls), (len(measured), len(calls))
+  # Each line shows the norms of the call just before it.
+  logged = [l['grad_norm_policy'] for l in lines if 'grad_norm_policy' in l]
+  assert logged and all(min(abs(v - n) for n in measured) < 1e-6 * (1 + abs(v))
+                        for v in logged), (logged, measured)
+  assert lines[-1]['grad_norm_policy'] == pytest.approx(measured[-1])
+
+
 def test_popart_run_logs_its_statistics_and_the_diagnostics(tmp_path):
   # The chain env pays 1 per step for 8 steps: the V-trace targets sit between
   # 1 and 8, so PopArt's mu lands there and sigma well below the initial 1e6 cap.

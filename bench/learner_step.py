@@ -17,7 +17,9 @@ shapes, then times, each for about `--seconds` after a warm-up (tracing excluded
   trainer's, makes k steps on each batch it fetches;
 * `loop`: what the trainer's loop pays per learner step: `step_from_iterator` on a
   `tf.data` dataset that repeats the batch (the batch fetch, the weights for the
-  actors and the diagnostics, returned as numpy once per call);
+  actors and the diagnostics, returned as numpy once per call), without the
+  per-term gradient norms, as the trainer's calls between two metrics lines (it
+  measures them on the one call before each line);
 * `bare`: the network's forward and backward pass on the same batch (`unroll`, a
   scalar loss, `tape.gradient`, in a tf.function): the floor a learner step can reach.
 
@@ -172,7 +174,8 @@ def measure(name, extra, seconds):
 
   def loop():
     # Weights and scalars come back as numpy.
-    out = lrn.step_from_iterator(iterator, reuse)
+    # As the trainer's calls between two metrics lines: no per-term norms.
+    out = lrn.step_from_iterator(iterator, reuse, term_norms=False)
     waits.append(out['data_wait_seconds'])
 
   tm = lambda x: tf.constant(np.swapaxes(x, 0, 1))

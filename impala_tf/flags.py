@@ -345,8 +345,9 @@ SECTIONS = (
         _Flag('loss_term_grad_norms', 'bool',
               'Log the gradient norm of each weighted loss term (policy, baseline, '
               'entropy) on the same batch (grad_norm_policy, grad_norm_baseline, '
-              'grad_norm_entropy): three backward passes instead of one, cheap for '
-              'MLPs, about 1.5-2x the step for the Atari nets.'),
+              'grad_norm_entropy): three backward passes instead of one, paid only '
+              'on the learner call just before each metrics line (and the first; on '
+              'every call with several learner workers).'),
     )),
     ('optimizer', 'Optimizer', (
         _Flag('optimizer', 'enum',

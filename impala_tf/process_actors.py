@@ -37,6 +37,7 @@ import multiprocessing
 from multiprocessing import connection as mp_connection
 from multiprocessing import shared_memory
 import contextlib
+import signal
 import sys
 import threading
 import time
@@ -229,6 +230,9 @@ class _StopFlag:
 
 def _child_main(spec):
   """A child: builds its Actor, acts, and writes chunks into its slots."""
+  # Ctrl-C reaches the whole process group: the parent stops the children (the
+  # flag), so that a child does not die first and get replaced during the stop.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   conn = spec['conn']
   weights = slots = None

@@ -7,16 +7,21 @@ loop runs at its own speed next to the learner. Nothing is pickled per unroll:
 
 * each child owns `learner_queue_size` slots of a shared-memory block, each slot
   one chunk of the run's fixed layout (`chunk_layout`); it writes a finished chunk
-  into a slot it holds, then puts the slot's index on the pool's `filled` queue
-  (a pipe; a few bytes) and waits for a free slot of its own before it acts again
-  (the threads backend's `put_then_wait_for_room`: a chunk waits in the queue,
-  never in the actor's hands, so the next unroll starts with the newest weights);
-* the loaders (`get_chunk`) take an index from `filled`, copy the chunk out and
-  hand the slot back (a semaphore per child);
-* `publish` writes the weights into a shared block under a lock and bumps its
-  version; a child copies them at an unroll boundary when the version changed
-  (what `actor.ParameterBroadcast` does for threads);
-* finished episodes, and a child's error, come back over a pipe per child.
+  into a slot it holds, then sends the slot's index down a pipe of its own (four
+  bytes) and waits for a free slot of its own before it acts again (the threads
+  backend's `put_then_wait_for_room`: a chunk waits in the queue, never in the
+  actor's hands, so the next unroll starts with the newest weights);
+* the loaders (`get_chunk`) wait on every child's pipe, take an index (round
+  robin over the ready children), copy the chunk out and hand the slot back (a
+  semaphore per child);
+* `publish` writes the weights into a shared block between two increments of a
+  sequence number; a child copies them at an unroll boundary when the version
+  changed, again if the parent wrote meanwhile (what `actor.ParameterBroadcast`
+  does for threads);
+* finished episodes, and a child's error, come back over a second pipe per child.
+
+No lock is shared between processes: a child killed at any point leaves nothing
+held that the parent or another child waits for.
 
 A child builds its Actor with `actor_pool.make_actor` from the same Config, seeds
 and sampling stream as the other backends, so a run's unrolls are the same
@@ -38,6 +43,7 @@ from multiprocessing import connection as mp_connection
 from multiprocessing import shared_memory
 import contextlib
 import signal
+import struct
 import sys
 import threading
 import time
@@ -57,9 +63,11 @@ STOP_JOIN_SECS = 5.0
 # Seconds a blocked child or loader sleeps between checks of the stop flag.
 _POLL_SECS = 0.05
 _ALIGN = 64
+_SLOT = struct.Struct('<i')
 _MAIN_LOCK = threading.Lock()
-# Header of the weights block, int64: [version, stop flag, steps of actor 0, ...].
-_VERSION, _STOP, _STEPS = 0, 1, 2
+# Header of the weights block, int64: [version, stop flag, write sequence (odd while
+# the parent writes the weights), steps of actor 0, ...].
+_VERSION, _STOP, _SEQ, _STEPS = 0, 1, 2, 3
 
 Layout = Tuple[Tuple[str, Tuple[int, ...], str], ...]
 
@@ -168,12 +176,13 @@ class _Slots:
 class _SharedWeights:
   """The policy weights and the header (version, stop flag, steps) in shared memory.
 
-  The parent writes weights under `lock`; a child reads `version` without it (an
-  aligned int64) and copies the weights under it when the version changed. It
-  stands in for `actor.ParameterBroadcast` in the child.
+  The parent (one writer) writes the weights between two increments of a sequence
+  number; a child copies them when the version changed, again until the sequence
+  was even and unchanged across its copy (a seqlock: no lock a killed child could
+  leave held). It stands in for `actor.ParameterBroadcast` in the child.
   """
 
-  def __init__(self, shapes, num_actors: int, lock, name: Optional[str] = None):
+  def __init__(self, shapes, num_actors: int, name: Optional[str] = None):
     self._fields = tuple((f'w{i}', tuple(s), 'float32') for i, s in enumerate(shapes))
     self._fields = ((('header', (_STEPS + num_actors,), 'int64'),) + self._fields)
     offsets, size = _offsets(self._fields)
@@ -182,7 +191,6 @@ class _SharedWeights:
     views = _views(self.shm.buf, 0, self._fields, offsets)
     self.header = views.pop('header')
     self._weights = [views[f'w{i}'] for i in range(len(shapes))]
-    self._lock = lock
     if name is None:
       self.header[:] = 0
       self.header[_VERSION] = -1
@@ -192,17 +200,24 @@ class _SharedWeights:
     return int(self.header[_VERSION])
 
   def publish(self, version: int, weights: Sequence[np.ndarray]):
-    with self._lock:
-      for dst, src in zip(self._weights, weights):
-        dst[...] = src
-      self.header[_VERSION] = int(version)
+    header = self.header
+    header[_SEQ] += 1
+    for dst, src in zip(self._weights, weights):
+      dst[...] = src
+    header[_VERSION] = int(version)
+    header[_SEQ] += 1
 
   def latest(self):
-    with self._lock:
-      version = int(self.header[_VERSION])
-      if version < 0:
-        return version, None
-      return version, [w.copy() for w in self._weights]
+    header = self.header
+    while True:
+      before = int(header[_SEQ])
+      if before % 2:
+        time.sleep(0)
+        continue
+      version = int(header[_VERSION])
+      copies = [w.copy() for w in self._weights] if version >= 0 else None
+      if int(header[_SEQ]) == before:
+        return version, copies
 
   def close(self, unlink: bool = False):
     self.header = None
@@ -238,10 +253,10 @@ def _child_main(spec):
   weights = slots = None
   try:
     weights = _SharedWeights(spec['weight_shapes'], spec['num_actors'],
-                             spec['weights_lock'], name=spec['weights_name'])
+                             name=spec['weights_name'])
     slots = _Slots(spec['layout'], spec['num_slots'], name=spec['slots_name'])
     stop = _StopFlag(weights.header)
-    free, filled, actor_id = spec['free'], spec['filled'], spec['actor_id']
+    free, filled, actor_id = spec['free'], spec['slots_conn'], spec['actor_id']
     pending: List[types.EpisodeStats] = []
     state = {'slot': 0, 'actor': None}
 
@@ -256,7 +271,7 @@ def _child_main(spec):
       for key, view in slots.slots[slot].items():
         view[...] = chunk[key]
       weights.header[_STEPS + actor_id] = state['actor'].steps
-      filled.put((actor_id, spec['generation'], slot))
+      filled.send_bytes(_SLOT.pack(slot))
       if pending:
         conn.send(('episodes', list(pending)))
         del pending[:]
@@ -305,30 +320,32 @@ class _ChildError(RuntimeError):
 class _Child:
   """The parent's record of one actor process (one generation of actor `id`)."""
 
-  def __init__(self, actor_id, generation, process, conn, slots, free):
+  def __init__(self, actor_id, generation, process, conn, slots, free, slot_conn):
     self.actor_id = actor_id
     self.generation = generation
     self.process = process
-    self.conn = conn
+    self.conn = conn  # Episodes and errors.
     self.slots = slots
     self.free = free
+    # Indices of the slots it filled; at EOF (the child is gone and everything it
+    # sent was read) `drained`.
+    self.slot_conn = slot_conn
+    self.drained = False
     self.error: Optional[BaseException] = None
+    self.traceback: Optional[str] = None
 
 
 class _QueueView:
   """What the driver reads of a learner queue: chunks waiting and the capacity."""
 
-  def __init__(self, maxsize: int, reader):
+  def __init__(self, maxsize: int, waiting):
     self.maxsize = maxsize
     self.num_got = 0
-    self._reader = reader
+    self._waiting = waiting
 
   def qsize(self) -> int:
-    """1 when a chunk is waiting, else 0 (the pipe tells no more)."""
-    try:
-      return int(self._reader.poll(0))
-    except (OSError, ValueError):
-      return 0
+    """Children with a finished chunk waiting (the pipes tell no more)."""
+    return self._waiting()
 
 
 class ProcessActorPool(actor_pool.ActorPool):
@@ -340,10 +357,8 @@ class ProcessActorPool(actor_pool.ActorPool):
     c = self.config
     self._layout = chunk_layout(c, self.observation_space, self.action_space)
     self._num_slots = c.learner_queue_size
-    self._filled = self._ctx.SimpleQueue()
-    self.queue = _QueueView(c.learner_queue_size * c.num_actors,
-                            self._filled._reader)  # pylint: disable=protected-access
-    self._weights_lock = self._ctx.Lock()
+    self.queue = _QueueView(c.learner_queue_size * c.num_actors, self._waiting)
+    self._next_reader = 0  # Where get_chunk's round of the children starts.
     self._weights: Optional[_SharedWeights] = None
     self._children: Dict[int, _Child] = {}
     self._blocks: Dict[Tuple[int, int], _Child] = {}  # (actor, generation) -> child
@@ -355,8 +370,7 @@ class ProcessActorPool(actor_pool.ActorPool):
     self._stopped = False
 
   def start(self, version, weights):
-    self._weights = _SharedWeights([w.shape for w in weights], self.config.num_actors,
-                                   self._weights_lock)
+    self._weights = _SharedWeights([w.shape for w in weights], self.config.num_actors)
     self.publish(version, weights)
     for i in range(self.config.num_actors):
       self._spawn(i)
@@ -369,6 +383,7 @@ class ProcessActorPool(actor_pool.ActorPool):
     slots = _Slots(self._layout, self._num_slots)
     free = self._ctx.Semaphore(self._num_slots)
     parent_conn, child_conn = self._ctx.Pipe(duplex=False)
+    slot_reader, slot_writer = self._ctx.Pipe(duplex=False)
     rng = self.rngs[actor_id]
     spec = {
         'config': self.config, 'actor_id': actor_id, 'generation': generation,
@@ -377,10 +392,10 @@ class ProcessActorPool(actor_pool.ActorPool):
         'observation_space': self.observation_space,
         'action_space': self.action_space,
         'layout': self._layout, 'num_slots': self._num_slots,
-        'slots_name': slots.shm.name, 'free': free, 'filled': self._filled,
+        'slots_name': slots.shm.name, 'free': free, 'slots_conn': slot_writer,
         'weights_name': self._weights.shm.name,
         'weight_shapes': [tuple(w.shape) for w in self._weights._weights],  # pylint: disable=protected-access
-        'weights_lock': self._weights_lock, 'num_actors': self.config.num_actors,
+        'num_actors': self.config.num_actors,
         'rng_state': rng.state.numpy(), 'rng_alg': rng.algorithm,
         'conn': child_conn,
     }
@@ -391,8 +406,10 @@ class ProcessActorPool(actor_pool.ActorPool):
                                 name=f'impala_tf-actor-{actor_id}', daemon=True)
     with _no_main_module():
       process.start()
-    child_conn.close()
-    child = _Child(actor_id, generation, process, parent_conn, slots, free)
+    child_conn.close()  # The child's ends: EOF here once the child is gone.
+    slot_writer.close()
+    child = _Child(actor_id, generation, process, parent_conn, slots, free,
+                   slot_reader)
     with self._lock:
       self._children[actor_id] = child
       self._blocks[(actor_id, generation)] = child
@@ -428,9 +445,8 @@ class ProcessActorPool(actor_pool.ActorPool):
         if message[0] == 'episodes':
           self.episode_sink(message[1])
         elif message[0] == 'error':
-          _, type_name, text, tb = message
+          _, type_name, text, child.traceback = message
           child.error = _ChildError(type_name, text)
-          child.traceback = tb
     except (EOFError, OSError):
       pass
 
@@ -446,10 +462,9 @@ class ProcessActorPool(actor_pool.ActorPool):
     self._weights.header[_STEPS + child.actor_id] = 0
     logging.error('actor %d died (%s); restarting it with a fresh env.',
                   child.actor_id, actor_pool._one_line(error))  # pylint: disable=protected-access
-    tb = getattr(child, 'traceback', None)
-    if tb and self.first_time(error):
+    if child.traceback and self.first_time(error):
       logging.error('actor %d: traceback of %s (shown once per distinct error):\n%s',
-                    child.actor_id, error.type_name, tb)
+                    child.actor_id, error.type_name, child.traceback)
     child.conn.close()
     if not budget.died():
       self.fail(actor_pool.ActorPoolError(budget.message(child.actor_id, error)))
@@ -460,24 +475,55 @@ class ProcessActorPool(actor_pool.ActorPool):
   def publish(self, version, weights):
     self._weights.publish(version, weights)
 
+  def _waiting(self) -> int:
+    with self._lock:
+      children = [c for c in self._blocks.values() if not c.drained]
+    try:
+      return sum(1 for c in children if c.slot_conn.poll(0))
+    except (OSError, ValueError):
+      return 0
+
+  def _next_slot(self):
+    """`(child, slot)` of a finished chunk, or None after `_POLL_SECS`."""
+    with self._lock:
+      children = [c for c in self._blocks.values() if not c.drained]
+    if not children:
+      time.sleep(_POLL_SECS)  # Between a child's death and its replacement.
+      return None
+    ready = set(mp_connection.wait([c.slot_conn for c in children],
+                                   timeout=_POLL_SECS))
+    # Round robin over the ready ones: no child waits behind another's stream.
+    self._next_reader += 1
+    start = self._next_reader % len(children)
+    for child in children[start:] + children[:start]:
+      if child.slot_conn not in ready:
+        continue
+      try:
+        return child, _SLOT.unpack(child.slot_conn.recv_bytes())[0]
+      except (EOFError, OSError):  # Gone, and all it sent was read.
+        child.drained = True
+    return None
+
   def get_chunk(self):
     deadline = time.monotonic() + self.config.learner_queue_timeout
-    reader = self._filled._reader  # pylint: disable=protected-access
-    with self._read_lock:  # One loader at a time reads the pipe.
-      while self.stop_event.is_set() or not reader.poll(_POLL_SECS):
+    with self._read_lock:  # One loader at a time reads the pipes.
+      while True:
         if self.stop_event.is_set():
           self._tell_children_to_stop()
           return None
+        got = self._next_slot()
+        if got is not None:
+          break
         if time.monotonic() > deadline:
           raise data.LearnerQueueTimeout(
               f'no unroll reached the learner for {self.config.learner_queue_timeout:g}'
               ' s (--learner_queue_timeout): the actors are stalled or too slow; '
               'check the env, or raise --learner_queue_timeout')
-      actor_id, generation, slot = self._filled.get()
-    with self._lock:
-      child = self._blocks[(actor_id, generation)]
+    child, slot = got
     chunk = {key: view.copy() for key, view in child.slots.slots[slot].items()}
-    child.free.release()
+    free = child.free
+    if free is not None:  # None once stopped.
+      free.release()
     self.queue.num_got += 1
     return chunk
 
@@ -514,10 +560,15 @@ class ProcessActorPool(actor_pool.ActorPool):
         child.process.join(timeout=1.0)
     for child in children:
       child.slots.close(unlink=True)
-      try:
-        child.conn.close()
-      except OSError:
-        pass
+      # The last reference to its semaphore: its finalizer unlinks it now (the
+      # trainer ends with os._exit, which runs no finalizer: a "leaked semaphore"
+      # warning otherwise).
+      child.free = None
+      for conn in (child.conn, child.slot_conn):
+        try:
+          conn.close()
+        except OSError:
+          pass
     if self._weights is not None:
       steps = self.steps
       self._weights.close(unlink=True)

@@ -124,6 +124,16 @@ def _attach(name: str) -> shared_memory.SharedMemory:
   return shared_memory.SharedMemory(name=name)
 
 
+def _release(shm: shared_memory.SharedMemory, unlink: bool):
+  """Closes a block (its numpy views dropped first), and unlinks it if asked."""
+  try:
+    shm.close()
+    if unlink:
+      shm.unlink()
+  except (BufferError, FileNotFoundError):
+    pass
+
+
 @contextlib.contextmanager
 def _no_main_module():
   """Starts `spawn` children without re-importing the parent's `__main__`.
@@ -165,12 +175,7 @@ class _Slots:
 
   def close(self, unlink: bool = False):
     self.slots = []
-    try:
-      self.shm.close()
-      if unlink:
-        self.shm.unlink()
-    except (BufferError, FileNotFoundError):
-      pass
+    _release(self.shm, unlink)
 
 
 class _SharedWeights:
@@ -222,12 +227,7 @@ class _SharedWeights:
   def close(self, unlink: bool = False):
     self.header = None
     self._weights = []
-    try:
-      self.shm.close()
-      if unlink:
-        self.shm.unlink()
-    except (BufferError, FileNotFoundError):
-      pass
+    _release(self.shm, unlink)
 
 
 class _StopFlag:

@@ -196,6 +196,7 @@ class _SharedWeights:
     views = _views(self.shm.buf, 0, self._fields, offsets)
     self.header = views.pop('header')
     self._weights = [views[f'w{i}'] for i in range(len(shapes))]
+    self.shapes = [tuple(s) for s in shapes]
     if name is None:
       self.header[:] = 0
       self.header[_VERSION] = -1
@@ -340,7 +341,6 @@ class _QueueView:
 
   def __init__(self, maxsize: int, waiting):
     self.maxsize = maxsize
-    self.num_got = 0
     self._waiting = waiting
 
   def qsize(self) -> int:
@@ -394,7 +394,7 @@ class ProcessActorPool(actor_pool.ActorPool):
         'layout': self._layout, 'num_slots': self._num_slots,
         'slots_name': slots.shm.name, 'free': free, 'slots_conn': slot_writer,
         'weights_name': self._weights.shm.name,
-        'weight_shapes': [tuple(w.shape) for w in self._weights._weights],  # pylint: disable=protected-access
+        'weight_shapes': self._weights.shapes,
         'num_actors': self.config.num_actors,
         'rng_state': rng.state.numpy(), 'rng_alg': rng.algorithm,
         'conn': child_conn,
@@ -524,15 +524,14 @@ class ProcessActorPool(actor_pool.ActorPool):
     free = child.free
     if free is not None:  # None once stopped.
       free.release()
-    self.queue.num_got += 1
     return chunk
 
   @property
   def steps(self):
-    header = self._weights.header if self._weights is not None else None
-    if header is None:
-      return sum(self._steps_done)
-    return sum(self._steps_done) + int(header[_STEPS:].sum())
+    """Steps of the children that ended, plus what the live ones last reported."""
+    weights = self._weights
+    live = int(weights.header[_STEPS:].sum()) if weights is not None else 0
+    return sum(self._steps_done) + live
 
   @property
   def restarts(self):
@@ -569,8 +568,8 @@ class ProcessActorPool(actor_pool.ActorPool):
           conn.close()
         except OSError:
           pass
-    if self._weights is not None:
-      steps = self.steps
-      self._weights.close(unlink=True)
-      self._weights = None
-      self._steps_done = [steps] + [0] * (len(self._steps_done) - 1)
+    if self._weights is not None:  # The children's last counts move into _steps_done.
+      self._steps_done = [done + int(live) for done, live in zip(
+          self._steps_done, self._weights.header[_STEPS:])]
+      weights, self._weights = self._weights, None
+      weights.close(unlink=True)

@@ -119,7 +119,7 @@ def test_published_weights_reach_the_child_at_an_unroll_boundary():
 
 
 def test_a_killed_child_is_replaced_and_counted():
-  pool, config, _, stop, weights = _pool()
+  pool, _, _, stop, weights = _pool()
   pool.start(0, weights)
   try:
     pool.get_chunk()
@@ -136,7 +136,6 @@ def test_a_killed_child_is_replaced_and_counted():
   finally:
     pool.stop()
   assert not [p for p in pids if testing.process_alive(p)]
-  del config
 
 
 def test_a_crashing_env_fails_the_pool_in_one_line():

@@ -4,6 +4,15 @@ Usage:
   python bench/stability.py [--seeds=0-9] [--target=475] [--drop=300]
       [--eval_episodes=20] [--eval_target=490] [--parallel=1] [--output=FILE]
       [-- extra train flags, e.g. --num_virtual_cpu_devices=2]
+  python bench/stability.py --envs=CartPole-v1,Acrobot-v1 [--seeds=0-4] ...
+
+One env (the trainer's default, CartPole-v1, or the `--env` of the extra flags)
+is judged by `--target`, `--drop` and `--eval_target`. With `--envs`, each env in
+turn (`--env=ID` is added to the extra flags) with its own targets from `SUITE`
+(gymnasium's `reward_threshold` as the target; an env SUITE does not list takes
+that threshold as target and greedy target, and no drop check), and the output
+has one entry per env with its seeds and its summary. Each run has the trainer's
+frame budget for that env (`--total_environment_frames`, 1M by default).
 
 Each seed runs `python -m impala_tf.train --seed=S --log_interval_secs=1` (plus the
 extra flags) in a fresh process to its end (`--total_environment_frames`, default
@@ -37,6 +46,27 @@ import sys
 import tempfile
 import time
 
+# Per env: the 100-episode mean that counts as solved (gymnasium's
+# reward_threshold), the mean below which a solved run has dropped, and the
+# greedy evaluation's target.
+SUITE = {
+    'CartPole-v1': dict(target=475.0, drop=300.0, eval_target=490.0),
+    'Acrobot-v1': dict(target=-100.0, drop=-150.0, eval_target=-100.0),
+}
+
+
+def env_targets(env_id):
+  """(target, drop, eval_target) for `env_id`: SUITE's, else its threshold."""
+  if env_id in SUITE:
+    t = SUITE[env_id]
+    return t['target'], t['drop'], t['eval_target']
+  import gymnasium as gym  # pylint: disable=g-import-not-at-top
+  threshold = gym.spec(env_id).reward_threshold
+  if threshold is None:
+    raise SystemExit(f'stability.py: error: --envs: {env_id} has no reward_threshold '
+                     f'in gymnasium and no entry in SUITE ({", ".join(SUITE)})')
+  return float(threshold), None, float(threshold)
+
 
 def parse_seeds(spec):
   """'0-4,7' -> [0, 1, 2, 3, 4, 7]."""
@@ -58,7 +88,8 @@ def curve_statistics(returns, frames, target, drop):
     returns: list of float or None, the mean at each metrics line.
     frames: list of int, env frames at each line.
     target: the return that counts as solved.
-    drop: a mean below this after reaching `target` is a drop.
+    drop: a mean below this after reaching `target` is a drop; None: no drop
+      check (drops_below 0).
 
   Returns:
     dict: frames_to_target (None if never), lowest_after_target, drops_below.
@@ -71,6 +102,8 @@ def curve_statistics(returns, frames, target, drop):
   after = [r for r in returns[first:] if r is not None]
   drops, below = 0, False
   for r in after:
+    if drop is None:
+      break
     if r < drop and not below:
       drops += 1
     below = r < drop
@@ -125,9 +158,10 @@ def summarize(results, args):
   frames = [r['frames_to_target'] for r in ok if r['frames_to_target'] is not None]
   count = lambda pred: f'{sum(1 for r in ok if pred(r))}/{len(results)}'
   return {
-      'ended_solved': count(lambda r: (r['final_return_mean'] or 0) >= args.target),
-      'greedy_passed': count(
-          lambda r: (r['greedy_eval_mean'] or 0) >= args.eval_target),
+      'ended_solved': count(lambda r: r['final_return_mean'] is not None and
+                            r['final_return_mean'] >= args.target),
+      'greedy_passed': count(lambda r: r['greedy_eval_mean'] is not None and
+                             r['greedy_eval_mean'] >= args.eval_target),
       'never_dropped': count(lambda r: r['drops_below'] == 0),
       'held': count(lambda r: r['held']),
       'reached_target': f'{len(frames)}/{len(results)}',
@@ -153,6 +187,8 @@ def main():
   parser.add_argument('--drop', type=float, default=300.0)
   parser.add_argument('--eval_episodes', type=int, default=20)
   parser.add_argument('--eval_target', type=float, default=490.0)
+  parser.add_argument('--envs', default='',
+                      help='comma-separated env ids, each with its SUITE targets')
   parser.add_argument('--parallel', type=int, default=1)
   parser.add_argument('--output', default='', help='also write the JSON here')
   parser.add_argument('--workdir', default='',
@@ -164,30 +200,46 @@ def main():
     parser.error(f'--seeds={args.seeds}: no seeds')
   args.keep_logdirs = bool(args.workdir)
   start = time.time()
-  with tempfile.TemporaryDirectory() as tmp:
-    workdir = args.workdir or tmp
-    os.makedirs(workdir, exist_ok=True)
-    with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
-      futures = [pool.submit(run_seed, s, args, workdir) for s in seeds]
-      results = []
-      for f in futures:
-        results.append(f.result())
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+  envs = [e.strip() for e in args.envs.split(',') if e.strip()]
   out = {
-      'benchmark': 'cartpole_stability',
+      'benchmark': 'stability',
       'extra_flags': args.extra,
-      'target': args.target, 'drop': args.drop, 'eval_target': args.eval_target,
       'eval_episodes': args.eval_episodes, 'parallel': args.parallel,
       'machine': {'cpus': os.cpu_count(), 'python': platform.python_version()},
-      'wall_seconds': round(time.time() - start, 1),
-      'seeds': results,
-      'summary': summarize(results, args),
   }
+  with tempfile.TemporaryDirectory() as tmp:
+    workdir = args.workdir or tmp
+    if not envs:
+      out.update(target=args.target, drop=args.drop, eval_target=args.eval_target)
+      out.update(run_env(args, seeds, workdir))
+    else:
+      out['envs'] = {}
+      extra = args.extra
+      for env_id in envs:
+        env_args = argparse.Namespace(**vars(args))
+        env_args.target, env_args.drop, env_args.eval_target = env_targets(env_id)
+        env_args.extra = extra + [f'--env={env_id}']
+        result = run_env(env_args, seeds, os.path.join(workdir, env_id))
+        out['envs'][env_id] = dict(target=env_args.target, drop=env_args.drop,
+                                   eval_target=env_args.eval_target, **result)
+  out['wall_seconds'] = round(time.time() - start, 1)
   text = json.dumps(out, indent=1)
   print(text)
   if args.output:
     with open(args.output, 'w', encoding='utf-8') as f:
       f.write(text + '\n')
+
+
+def run_env(args, seeds, workdir):
+  """Runs every seed (args.parallel at a time); returns seeds and summary."""
+  os.makedirs(workdir, exist_ok=True)
+  with concurrent.futures.ThreadPoolExecutor(max(1, args.parallel)) as pool:
+    futures = [pool.submit(run_seed, s, args, workdir) for s in seeds]
+    results = []
+    for f in futures:
+      results.append(f.result())
+      print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+  return {'seeds': results, 'summary': summarize(results, args)}
 
 
 if __name__ == '__main__':

@@ -6,7 +6,7 @@ and raises `ConfigError` (a `ValueError`) whose message names the field, the val
 what is allowed, e.g. `batch_size=30: must be divisible by the 4 learner replicas ...`.
 Values must have the field's Python type: `int` fields take an int (not a bool, a
 float or a string), `float` fields an int or a float, `Optional[float]` fields also
-None, `bool` fields a bool, `str` fields a string, `mlp_hidden_sizes` a tuple or list
+None, `bool` fields a bool (`Optional[bool]` also None), `str` fields a string, `mlp_hidden_sizes` a tuple or list
 of ints (a list is stored as a tuple). A value of another type is a ConfigError
 naming the field, like a value out of range.
 Checks that need the outside world (does the env id exist, are the GPUs there) live
@@ -22,6 +22,7 @@ import re
 from typing import Optional, Tuple
 
 OPTIMIZERS = ('rmsprop', 'adam')
+RMSPROP_STYLES = ('tf1', 'torch')
 NETWORKS = ('auto', 'mlp', 'shallow', 'deep')
 NETWORK_ALLOWED = (
     f'must be one of {", ".join(NETWORKS)}, or MODULE:FUNCTION naming your own torso '
@@ -274,6 +275,7 @@ class Config:
   popart: bool = True
   popart_beta: float = 1e-2
   popart_sigma_floor: float = 0.1
+  ppo_clip: float = 0.0
   normalize_advantages: bool = False
   loss_term_grad_norms: bool = True
   # Optimizer.
@@ -283,6 +285,7 @@ class Config:
   rmsprop_decay: float = 0.99
   rmsprop_momentum: float = 0.0
   rmsprop_epsilon: float = 0.01
+  rmsprop_style: str = 'tf1'
   adam_beta1: float = 0.9
   adam_beta2: float = 0.999
   adam_epsilon: float = 1e-7
@@ -293,7 +296,7 @@ class Config:
   mlp_hidden_sizes: Tuple[int, ...] = (64, 64)
   use_lstm: bool = False
   lstm_size: int = 256
-  shared_torso: bool = True
+  shared_torso: Optional[bool] = None
   # Run.
   total_environment_frames: int = 1_000_000
   target_return: Optional[float] = None
@@ -302,6 +305,9 @@ class Config:
   checkpoint_interval_secs: float = 600.0
   keep_checkpoints: int = 3
   log_interval_secs: float = 5.0
+  eval_interval_frames: int = 0
+  eval_episodes: int = 10
+  eval_greedy: bool = True
 
   def __post_init__(self):
     if isinstance(self.mlp_hidden_sizes, list):
@@ -368,6 +374,24 @@ def is_user_network(network) -> bool:
   return isinstance(network, str) and bool(_USER_NETWORK_RE.match(network))
 
 
+def resolve_shared_torso(shared_torso: Optional[bool], torso: str,
+                         use_lstm: bool) -> bool:
+  """`Config.shared_torso` resolved for a torso ('auto' already resolved).
+
+  Args:
+    shared_torso: True, False, or None (auto).
+    torso: 'mlp', 'shallow', 'deep' or 'MODULE:FUNCTION'.
+    use_lstm: whether the network has an LSTM core.
+
+  Returns:
+    `shared_torso` when set; unset, False (a separate value MLP) for the mlp
+    torso without an LSTM and True (one torso, the paper's) otherwise.
+  """
+  if shared_torso is not None:
+    return bool(shared_torso)
+  return not (torso == 'mlp' and not use_lstm)
+
+
 def _check_known(d: dict):
   known = [f.name for f in dataclasses.fields(Config)]
   unknown = sorted(set(d) - set(known))
@@ -394,6 +418,7 @@ _TYPE_CHECKS = {
     bool: lambda v: isinstance(v, bool),
     str: lambda v: isinstance(v, str),
     Optional[float]: lambda v: v is None or _is_number(v),
+    Optional[bool]: lambda v: v is None or isinstance(v, bool),
     Tuple[int, ...]: lambda v: isinstance(v, tuple),
 }
 
@@ -516,7 +541,10 @@ _RULES = {
     'popart': (None, 'must be True or False'),
     'popart_beta': ((lambda v: _finite(v) and 0 < v <= 1), 'must be in (0, 1]'),
     'popart_sigma_floor': ((lambda v: _finite(v) and 0 <= v <= 1),
-                           'must be in [0, 1] (a fraction of |mu|)'),
+                           'must be in [0, 1] (a fraction of the largest '
+                           'spread so far)'),
+    'ppo_clip': ((lambda v: _finite(v) and 0 <= v < 1),
+                 'must be in [0, 1) (0: IMPALA\'s policy loss; PPO uses 0.1-0.2)'),
     'normalize_advantages': (None, 'must be True or False'),
     'loss_term_grad_norms': (None, 'must be True or False'),
     'optimizer': _one_of(OPTIMIZERS),
@@ -525,6 +553,7 @@ _RULES = {
     'rmsprop_decay': _unit_open(),
     'rmsprop_momentum': _unit_open(),
     'rmsprop_epsilon': _positive(),
+    'rmsprop_style': _one_of(RMSPROP_STYLES),
     'adam_beta1': _unit_open(),
     'adam_beta2': _unit_open(),
     'adam_epsilon': _positive(),
@@ -537,7 +566,8 @@ _RULES = {
         'in Python)'),
     'use_lstm': (None, 'must be True or False'),
     'lstm_size': _ints(1),
-    'shared_torso': (None, 'must be True or False'),
+    'shared_torso': (None, 'must be True, False or None (auto: a separate value MLP '
+                     'for an mlp torso without LSTM, one shared torso otherwise)'),
     'total_environment_frames': _ints(1),
     'target_return': ((lambda v: v is None or _finite(v)),
                       'must be a number, or None to train for '
@@ -547,6 +577,11 @@ _RULES = {
     'checkpoint_interval_secs': _positive('a number of seconds'),
     'keep_checkpoints': _ints(1),
     'log_interval_secs': _positive('a number of seconds'),
+    'eval_interval_frames': ((lambda v: v >= 0),
+                             'must be an integer >= 0 (env frames between '
+                             'evaluations; 0: none)'),
+    'eval_episodes': _ints(1),
+    'eval_greedy': (None, 'must be True or False'),
 }
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
@@ -585,7 +620,8 @@ def _validate(c: Config):
           f"must be 'auto' or 'off' with {c.num_replicas_in_sync} learner replicas "
           'and --popart, --loss_reduction=mean or --normalize_advantages (they sum '
           'over the replicas before the gradient, which XLA cannot compile)')
-  require(c.shared_torso or (c.network in ('auto', 'mlp') and not c.use_lstm),
+  require(c.shared_torso is not False or (c.network in ('auto', 'mlp') and
+                                          not c.use_lstm),
           'shared_torso',
           'must be True unless --network is mlp or auto (vector observations) and '
           '--use_lstm is off: a separate value torso is a second MLP')

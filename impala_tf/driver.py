@@ -52,6 +52,7 @@ from impala_tf import learner as learner_lib
 from impala_tf import losses
 from impala_tf import metrics as metrics_lib
 from impala_tf import networks
+from impala_tf import periodic_eval
 from impala_tf import process_actors
 from impala_tf import replay as replay_lib
 from impala_tf import rundir
@@ -282,7 +283,8 @@ class _Window:
 
 _DIAGNOSTICS = ('loss', 'policy_loss', 'baseline_loss', 'entropy_loss', 'entropy',
                 'rho_mean', 'rho_clip_fraction', 'advantage_mean', 'advantage_std',
-                'value_mean', 'log_rho_abs_mean', 'rho_above_1p1_fraction')
+                'value_mean', 'log_rho_abs_mean', 'rho_above_1p1_fraction',
+                'ppo_clip_fraction')
 # Learner outputs logged as they are (from the window's last step), when present.
 _TERM_NORMS = ('grad_norm_policy', 'grad_norm_baseline', 'grad_norm_entropy')
 _LAST_STEP = _TERM_NORMS + ('popart_mu', 'popart_sigma')
@@ -386,6 +388,7 @@ class _Run:
     self.first_step_secs = self.first_step_unix = None
     self.nonfinite_error: Optional[TrainingError] = None
     self.steps_run = 0  # Learner steps of this call (read by the stop watcher).
+    self.evaluator: Optional[periodic_eval.PeriodicEvaluator] = None
 
   def _restore(self) -> Optional[str]:
     """Restores the latest checkpoint (if any) and writes config.json."""
@@ -443,6 +446,9 @@ class _Run:
     self.writer = (metrics_lib.MetricsWriter(config.logdir, config.to_dict())
                    if self.chief else None)
     self.window = _Window(self.base_env_frames)
+    if self.chief and config.eval_interval_frames > 0:
+      self.evaluator = periodic_eval.PeriodicEvaluator(
+          config, self.obs_space, self.action_space, self.base_env_frames)
     reached_target = interrupted = False
     iterator = None
     loop_done = threading.Event()
@@ -487,6 +493,8 @@ class _Run:
       stopper.start()
       if not isinstance(self.pool, actor_pool.ThreadActorPool):
         stopper.join()
+      if self.evaluator is not None:
+        self.evaluator.close()
       final = self._metrics(final=True)
       final['reached_target'] = reached_target
       final['interrupted'] = interrupted
@@ -573,6 +581,8 @@ class _Run:
       if version // interval > (version - made) // interval:
         # The weights came back with the step: no second call, no variable reads.
         self.pool.publish(version, weights)
+      if self.evaluator is not None and self.evaluator.due(self._env_frames()):
+        self.evaluator.submit(self._env_frames(), weights)
       step_secs = time.perf_counter() - t0
       if self.first_step_secs is None:  # Tracing: not part of the wait split.
         self.first_step_unix = time.time()
@@ -710,6 +720,8 @@ class _Run:
     m.update({k: summary[k] for k in _DIAGNOSTICS if k in summary})
     diag = dict(self.term_norms, **diag)
     m.update({k: diag[k] for k in _LAST_STEP if k in diag})
+    if self.evaluator is not None:
+      m.update(self.evaluator.results())
     if final:
       m['final'] = True
     self.window.reset(frames)

@@ -68,6 +68,7 @@ _ENUM_VALUES = {
     'reward_clipping': config_lib.REWARD_CLIPPINGS,
     'loss_reduction': config_lib.LOSS_REDUCTIONS,
     'optimizer': config_lib.OPTIMIZERS,
+    'rmsprop_style': config_lib.RMSPROP_STYLES,
     'network': config_lib.NETWORKS + ('MODULE:FUNCTION',),
 }
 
@@ -332,11 +333,20 @@ SECTIONS = (
               'V-trace targets (debiased like Adam\'s, so the first batch sets '
               'them). Hessel et al. use 3e-4 on Atari. Range: (0, 1].'),
         _Flag('popart_sigma_floor', 'float',
-              'PopArt\'s sigma is kept at least this fraction of |mu|: when the '
-              'targets are all alike (every episode at a time limit) their spread '
-              'would shrink towards 0 and blow the normalised value errors up by '
-              '1/sigma until the value term swamps the step. 0: only the fixed '
+              'PopArt\'s sigma is kept at least this fraction of the largest '
+              'spread of the targets so far: when the targets come to be all alike '
+              '(every episode at a time limit) their spread would shrink towards 0 '
+              'and blow the normalised value errors up by 1/sigma until the value '
+              'term swamps the step. Relative to that peak, the floor moves with '
+              'neither the scale nor the shift of the returns. 0: only the fixed '
               'bound 1e-4. Range: [0, 1].'),
+        _Flag('ppo_clip', 'float',
+              'Clip range epsilon of a clipped-surrogate policy loss (APPO, as in '
+              'RLlib and Sample Factory): -min(r A, clip(r, 1 - eps, 1 + eps) A), '
+              'r the ratio of the learner\'s policy to the behaviour policy of the '
+              'action, A V-trace\'s policy-gradient advantage; value targets stay '
+              'V-trace\'s. It bounds how far a batch used --num_sgd_iter times can '
+              'move the policy. 0: IMPALA\'s -log pi(a) A. Range: [0, 1).'),
         _Flag('normalize_advantages', 'bool',
               'Normalise the policy-gradient advantages to zero mean and unit '
               'variance over the valid steps of each batch (the whole batch, on '
@@ -364,8 +374,16 @@ SECTIONS = (
         _Flag('rmsprop_momentum', 'float',
               'RMSProp momentum (RLlib: momentum). Range: [0, 1).'),
         _Flag('rmsprop_epsilon', 'float',
-              'RMSProp epsilon, added inside the square root (RLlib: epsilon; '
-              'scalable_agent: 0.1). Range: > 0.'),
+              'RMSProp epsilon: added inside the square root with '
+              '--rmsprop_style=tf1 (RLlib: epsilon; scalable_agent: 0.1), to the '
+              'root with torch. Range: > 0.'),
+        _Flag('rmsprop_style', 'enum',
+              "RMSProp's form. tf1 (the paper's, scalable_agent's, TF1's "
+              'RMSPropOptimizer): w -= lr g / sqrt(ms + epsilon), ms starting at 1. '
+              "torch (PyTorch's torch.optim.RMSprop, TorchBeast's): w -= lr g / "
+              '(sqrt(ms) + epsilon), ms starting at 0. With epsilon 0.01 and small '
+              'gradients a torch step is up to 10x a tf1 step at the same '
+              'learning rate; see "RMSProp: tf1 or torch" below.'),
         _Flag('adam_beta1', 'float', 'Adam beta1. Range: [0, 1).'),
         _Flag('adam_beta2', 'float', 'Adam beta2. Range: [0, 1).'),
         _Flag('adam_epsilon', 'float', 'Adam epsilon. Range: > 0.'),
@@ -396,10 +414,13 @@ SECTIONS = (
               'where an episode starts.'),
         _Flag('lstm_size', 'int', 'Units of the LSTM core. Range: >= 1.'),
         _Flag('shared_torso', 'bool',
-              'The policy and value heads share one torso (the paper). '
-              '--noshared_torso gives the value head its own MLP of '
-              '--mlp_hidden_sizes (the layout of SB3\'s PPO); mlp torso without '
-              'LSTM only.'),
+              'Whether the policy and value heads share one torso. Unset (the '
+              'default): a separate value MLP of --mlp_hidden_sizes for an mlp '
+              'torso without LSTM (the layout of SB3\'s PPO; it keeps the value '
+              'term, large while the value learns the return scale, from '
+              'collapsing the policy through the shared features: docs/design.md), '
+              'one shared torso otherwise (the paper). --shared_torso shares it '
+              'always; --noshared_torso needs the mlp torso without LSTM.'),
     )),
     ('run', 'Run', (
         _Flag('total_environment_frames', 'int',
@@ -425,6 +446,19 @@ SECTIONS = (
         _Flag('log_interval_secs', 'float',
               'Seconds between metrics lines (console, metrics.jsonl, TensorBoard). '
               'Range: > 0.'),
+        _Flag('eval_interval_frames', 'int',
+              'Evaluate the policy every this many env frames while training '
+              '(RLlib: evaluation_interval; SB3: EvalCallback\'s eval_freq): '
+              '--eval_episodes whole episodes on envs of their own with the latest '
+              'weights, in a thread the learner never waits for; logged as '
+              'eval_return_mean (and eval_episodes, eval_env_frames) in '
+              'metrics.jsonl and eval/ in TensorBoard. 0: no evaluation. '
+              'Range: >= 0.'),
+        _Flag('eval_episodes', 'int',
+              'Episodes of each periodic evaluation. Range: >= 1.'),
+        _Flag('eval_greedy', 'bool',
+              'Periodic evaluations act greedily (argmax of the policy); '
+              '--noeval_greedy samples from it, as the actors do.'),
     )),
 )
 
@@ -781,6 +815,8 @@ def exit_on_config_error(prog: Optional[str], fn: Callable, *args, **kwargs):
 
 def _format_default(spec: _Flag) -> str:
   value = _DEFAULTS[spec.name]
+  if value is None and spec.kind == 'bool':
+    return 'unset (auto)'
   if value is None:
     return 'none'
   if isinstance(value, bool):
@@ -854,6 +890,22 @@ _LOSS_REDUCTION_NOTES = [
     '* `--rmsprop_epsilon`: divide by N^2 (it is added to the mean square, under the '
     'root).',
     '* `--grad_clip`: divide by N (it bounds the global norm of the gradient).',
+    '',
+    '## RMSProp: tf1 or torch',
+    '',
+    'Both keep `ms <- decay * ms + (1 - decay) * g^2` per weight. `--rmsprop_style=tf1` '
+    '(the default; the IMPALA paper, scalable_agent, TF1) steps `lr * g / sqrt(ms + '
+    'eps)` with `ms` starting at 1; `torch` (PyTorch, TorchBeast) steps `lr * g / '
+    '(sqrt(ms) + eps)` with `ms` starting at 0. Where `ms` is far above `eps^2` '
+    '(torch) and `eps` (tf1) the two agree. Where gradients are small, tf1 steps '
+    'about `lr * g / sqrt(eps)` (no per-weight scaling: plain SGD at `lr / '
+    'sqrt(eps)`) and torch about `lr * g / eps`: TorchBeast\'s eps 0.01 at lr '
+    '4.8e-4 takes steps up to 10x those of the same numbers under tf1. To carry a '
+    'TorchBeast setting over, use `--rmsprop_style=torch` with its numbers; a tf1 '
+    'epsilon E behaves like a torch epsilon of about sqrt(E) where the mean square '
+    'is small. The first steps differ too: tf1 starts at `ms = 1` (small first '
+    'steps), torch at 0 (the first step is about `lr / sqrt(1 - decay)` per '
+    'weight, 10x lr at decay 0.99).',
     '',
     'With `--popart` the value errors and the advantages are divided by sigma, so '
     'these settings no longer depend on the scale of the rewards either; '

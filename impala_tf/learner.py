@@ -564,8 +564,8 @@ class Learner(tf.Module):
       scale = 1.0
       if popart is not None:
         new_stats = self._popart_statistics(reduce, popart, targets.vs, mask)
-        scale = tf.cast(popart.sigma_of(new_stats[0], new_stats[1])[0],
-                        tf.float32)
+        scale = tf.cast(popart.sigma_of(new_stats[0], new_stats[1],
+                                        new_stats[3])[0], tf.float32)
       policy_advantages = None
       if c.normalize_advantages:  # Moments of the whole batch, on every replica.
         moments = reduce(list(losses.advantage_moments(targets.pg_advantages,
@@ -575,7 +575,8 @@ class Learner(tf.Module):
       loss, diags = losses.compute_loss(
           baseline_cost=c.baseline_cost, entropy_cost=entropy_cost,
           value_scale=scale, normalizer=normalizer, targets=targets,
-          policy_advantages=policy_advantages, **loss_args)
+          policy_advantages=policy_advantages, ppo_clip=c.ppo_clip,
+          **loss_args)
       terms = (diags['policy_loss'], c.baseline_cost * diags['baseline_loss'],
                tf.cast(entropy_cost, tf.float32) * diags['entropy_loss'])
     # PopArt: the loss above is that of the rescaled head (new statistics), but
@@ -626,7 +627,7 @@ class Learner(tf.Module):
       mask: bool `[T, B]`, the valid steps.
 
     Returns:
-      `(mu, nu, updates)` as `PopArt.updated` gives them, from the moments of the
+      `(mu, nu, updates, peak)` as `PopArt.updated` gives them, from the moments of the
       targets of the whole batch (all-reduced: every replica gets the same); the
       old statistics when the batch has no valid step.
     """
@@ -637,12 +638,12 @@ class Learner(tf.Module):
                tf.reduce_sum(tf.cast(mask, tf.float64))]
     total, total_sq, n = reduce(moments)
     safe_n = tf.maximum(n, 1.0)
-    mu, nu, updates = popart.updated(tf.reshape(total / safe_n, [1]),
-                                     tf.reshape(total_sq / safe_n, [1]),
-                                     self._config.popart_beta)
+    new = popart.updated(tf.reshape(total / safe_n, [1]),
+                         tf.reshape(total_sq / safe_n, [1]),
+                         self._config.popart_beta)
     any_valid = n > 0
-    return (tf.where(any_valid, mu, popart.mu), tf.where(any_valid, nu, popart.nu),
-            tf.where(any_valid, updates, popart.updates))
+    return tuple(tf.where(any_valid, x, old) for x, old in zip(
+        new, (popart.mu, popart.nu, popart.updates, popart.peak)))
 
   def _popart_apply(self, ctx, popart, new_stats, old_mu, old_sigma, finite):
     """Assigns the new statistics and rescales the value head to preserve it.
@@ -654,12 +655,12 @@ class Learner(tf.Module):
     Returns:
       dict of float32 `[]`: `popart_mu`, `popart_sigma` (task 0, after the update).
     """
-    mu, nu, updates = [tf.where(finite, new, old) for new, old in zip(
-        new_stats, (popart.mu, popart.nu, popart.updates))]
-    sigma = popart.sigma_of(mu, nu)
+    mu, nu, updates, peak = [tf.where(finite, new, old) for new, old in zip(
+        new_stats, (popart.mu, popart.nu, popart.updates, popart.peak))]
+    sigma = popart.sigma_of(mu, nu, peak)
     head = self.network.baseline_head
     w, b = popart.preserve(head.w, head.b, old_mu, old_sigma, mu, sigma)
-    targets = (popart.mu, popart.nu, popart.updates, head.w, head.b)
+    targets = (popart.mu, popart.nu, popart.updates, popart.peak, head.w, head.b)
 
     def assign_all(strategy, *values):
       for var, value in zip(targets, values):
@@ -670,6 +671,6 @@ class Learner(tf.Module):
         strategy.extended.update(var, lambda v, x: v.assign(x), args=(value,),
                                  group=False)
 
-    ctx.merge_call(assign_all, args=(mu, nu, updates, w, b))
+    ctx.merge_call(assign_all, args=(mu, nu, updates, peak, w, b))
     return {'popart_mu': tf.cast(mu[0], tf.float32),
             'popart_sigma': tf.cast(sigma[0], tf.float32)}

@@ -22,6 +22,9 @@ its final observation.
 Total loss: `policy + baseline_cost * baseline + entropy_cost * entropy`, with
 
   policy   = sum_valid -log pi(a_t | x_t) * A_t / s      (A_t: V-trace pg advantage)
+             or, with ppo_clip = eps > 0, the clipped surrogate
+             sum_valid -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t) / s with
+             r_t = pi(a_t | x_t) / mu(a_t | x_t) (`clipped_surrogate_loss`)
   baseline = sum_valid 0.5 * ((vs_t - V(x_t)) / s)**2    (vs_t: V-trace target)
   entropy  = sum_valid -H(pi(. | x_t))                    (negative entropy: a bonus)
 
@@ -62,6 +65,7 @@ DIAGNOSTIC_KEYS = (
     'value_sum',          # Sum of the baseline values V(x_t).
     'log_rho_abs_sum',    # Sum of |log rho|: how far the learner is from the actor.
     'rho_above_1p1_count',  # Valid steps with rho > 1.1.
+    'ppo_clipped_count',  # Valid steps whose clipped surrogate had no gradient.
 )
 
 # The V-trace targets of a batch, all float32 `[T, B]` and without gradient:
@@ -96,6 +100,47 @@ def policy_gradient_loss(logits, actions, advantages) -> tf.Tensor:
   neg_log_pi = tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=actions, logits=logits)
   return neg_log_pi * tf.stop_gradient(advantages)
+
+
+def clipped_surrogate_loss(logits, behaviour_logits, actions, advantages,
+                           epsilon: Scalar) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Per-step clipped-surrogate policy loss (PPO's, over V-trace's advantages).
+
+  `-min(r_t * A_t, clip(r_t, 1 - epsilon, 1 + epsilon) * A_t)` with the ratio
+  `r_t = pi(a_t | x_t) / mu(a_t | x_t)` of the learner's policy to the behaviour
+  policy the actor sampled `a_t` from (the reference of Sample Factory's APPO).
+  The gradient flows through `pi` only; where the clipped term is the smaller, the
+  step gets no gradient, so a batch used several times cannot push the policy
+  further than `1 +/- epsilon` from the one that collected it.
+
+  Args:
+    logits: float32 `[T, B, A]`, the learner policy's logits (differentiated).
+    behaviour_logits: float32 `[T, B, A]`, the actors' logits (no gradient).
+    actions: int32 or int64 `[T, B]`, the actions taken.
+    advantages: float32 `[T, B]`; no gradient flows into them.
+    epsilon: float or float32 `[]` in (0, 1), the clip range.
+
+  Returns:
+    `(loss, clipped)`: float32 `[T, B]` and bool `[T, B]`, True where the clip
+    took the gradient away (`r_t` outside `1 +/- epsilon` on the side the
+    advantage pushes it).
+  """
+  logits = tf.convert_to_tensor(logits, tf.float32)
+  behaviour_logits = tf.convert_to_tensor(behaviour_logits, tf.float32)
+  actions = tf.convert_to_tensor(actions)
+  advantages = tf.stop_gradient(tf.convert_to_tensor(advantages, tf.float32))
+  _check_rank('logits', logits, 3)
+  _check_rank('behaviour_logits', behaviour_logits, 3)
+  _check_rank('actions', actions, 2)
+  _check_rank('advantages', advantages, 2)
+  epsilon = tf.cast(epsilon, tf.float32)
+  log_pi = vtrace.log_probs_from_logits_and_actions(logits, actions)
+  log_mu = tf.stop_gradient(
+      vtrace.log_probs_from_logits_and_actions(behaviour_logits, actions))
+  ratio = tf.exp(log_pi - log_mu)
+  unclipped = ratio * advantages
+  clipped = tf.clip_by_value(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantages
+  return -tf.minimum(unclipped, clipped), clipped < unclipped
 
 
 def baseline_loss(vs, values) -> tf.Tensor:
@@ -207,6 +252,7 @@ def compute_loss(target_logits,
                  normalizer: Scalar = 1.0,
                  targets: Optional[VTraceTargets] = None,
                  policy_advantages=None,
+                 ppo_clip: float = 0.0,
                  ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
   """The IMPALA loss of a batch (or of one replica's slice of it).
 
@@ -236,6 +282,9 @@ def compute_loss(target_logits,
       as given (e.g. normalised, see `normalize_advantages`), used in place of
       `pg_advantages / value_scale`; the diagnostics still describe the V-trace
       advantages.
+    ppo_clip: float >= 0. 0: the policy term is IMPALA's `-log pi(a_t) * A_t`;
+      > 0: the clipped surrogate of `clipped_surrogate_loss` with this epsilon,
+      over the same advantages.
 
   Returns:
     `(loss, diagnostics)`: loss float32 `[]`, the total described in the module
@@ -265,8 +314,13 @@ def compute_loss(target_logits,
   zeros = tf.zeros_like(values)
   if policy_advantages is None:
     policy_advantages = advantages / scale
-  pg = tf.where(mask, policy_gradient_loss(target_logits, actions,
-                                           policy_advantages), zeros)
+  if ppo_clip:
+    pg, ppo_clipped = clipped_surrogate_loss(target_logits, behaviour_logits,
+                                             actions, policy_advantages, ppo_clip)
+  else:
+    pg = policy_gradient_loss(target_logits, actions, policy_advantages)
+    ppo_clipped = tf.zeros_like(mask)
+  pg = tf.where(mask, pg, zeros)
   bl = tf.where(mask, baseline_loss(vs / scale, values / scale), zeros)
   ent = tf.where(mask, entropy_loss(target_logits), zeros)
   pg_sum = tf.reduce_sum(pg) / normalizer
@@ -300,6 +354,7 @@ def compute_loss(target_logits,
       'value_sum': masked_sum(tf.stop_gradient(values)),
       'log_rho_abs_sum': masked_sum(tf.abs(log_ratio)),
       'rho_above_1p1_count': count(tf.logical_and(mask, rhos > 1.1)),
+      'ppo_clipped_count': count(tf.logical_and(mask, ppo_clipped)),
   }
   return loss, diagnostics
 
@@ -352,10 +407,14 @@ def summarize_diagnostics(sums) -> Dict[str, float]:
     means `entropy`, `rho_mean`, `rho_clip_fraction`, `advantage_mean`,
     `advantage_std` (population std), `value_mean`, `log_rho_abs_mean` (mean
     |log pi(a)/mu(a)|, the policy lag as the learner sees it) and
-    `rho_above_1p1_fraction` (0.0 when `num_valid` is 0).
+    `rho_above_1p1_fraction` and `ppo_clip_fraction` (the share of steps whose
+    clipped surrogate had no gradient; 0 without it) (0.0 when `num_valid` is 0).
   """
-  s = {k: float(sums[k].numpy() if hasattr(sums[k], 'numpy') else sums[k])
-       for k in DIAGNOSTIC_KEYS}
+  value = lambda x: float(x.numpy() if hasattr(x, 'numpy') else x)
+  # `ppo_clipped_count` may be absent (sums written before it existed).
+  s = {k: value(sums[k]) for k in DIAGNOSTIC_KEYS
+       if k in sums or k != 'ppo_clipped_count'}
+  s.setdefault('ppo_clipped_count', 0.0)
   n = s['num_valid']
 
   def mean(key):
@@ -377,4 +436,5 @@ def summarize_diagnostics(sums) -> Dict[str, float]:
       'value_mean': mean('value_sum'),
       'log_rho_abs_mean': mean('log_rho_abs_sum'),
       'rho_above_1p1_fraction': mean('rho_above_1p1_count'),
+      'ppo_clip_fraction': mean('ppo_clipped_count'),
   }

@@ -37,7 +37,8 @@ _TEXT_METADATA_PROTO = summary_pb2.SummaryMetadata(
     data_class=summary_pb2.DATA_CLASS_TENSOR)
 
 # TensorBoard sections, in the order a reader scans them.
-SECTION_NAMES = ('episode', 'loss', 'optimizer', 'throughput', 'lag', 'actors')
+SECTION_NAMES = ('episode', 'eval', 'loss', 'optimizer', 'throughput', 'lag',
+                 'actors')
 
 # metrics.jsonl name -> TensorBoard section (tag `SECTION/NAME`). Add a row for a new
 # metric (and one to docs/metrics.md); a name missing here still gets a section from
@@ -48,6 +49,13 @@ SECTIONS = {
     'episode_length_mean': 'episode',
     'episodes_in_mean': 'episode',
     'episodes': 'episode',
+    # Periodic evaluations (--eval_interval_frames), on envs of their own.
+    'eval_return_mean': 'eval',
+    'eval_return_std': 'eval',
+    'eval_episode_length_mean': 'eval',
+    'eval_episodes': 'eval',
+    'eval_env_frames': 'eval',
+    'eval_seconds': 'eval',
     # The loss terms and what V-trace saw in the batch.
     'loss': 'loss',
     'policy_loss': 'loss',
@@ -61,6 +69,7 @@ SECTIONS = {
     'value_mean': 'loss',
     'log_rho_abs_mean': 'loss',
     'rho_above_1p1_fraction': 'loss',
+    'ppo_clip_fraction': 'loss',
     'popart_mu': 'loss',
     'popart_sigma': 'loss',
     # The update.
@@ -95,6 +104,7 @@ SECTIONS = {
 # For names SECTIONS does not list: the first rule whose word is in the name gives
 # the section; a name none matches is a learner diagnostic and goes to 'loss'.
 _SECTION_RULES = (
+    ('eval_', 'eval'),
     ('episode', 'episode'),
     ('actor', 'actors'),
     ('lag', 'lag'),

@@ -519,24 +519,28 @@ class PopArt(tf.Module):
   """PopArt's running statistics of the value targets, one set per task.
 
   The value head predicts a normalised value `n(x)`; in return units the value is
-  `V(x) = sigma * n(x) + mu`, with `sigma = sqrt(nu - mu**2)` kept at least
-  `sigma_floor * |mu|` and within `[SIGMA_MIN, SIGMA_MAX]`. The learner moves `mu`
-  and `nu` towards the moments of each batch's V-trace targets (`updated`) and
-  rescales the head's last layer so that `V(x)` is unchanged (`preserve`);
-  REFERENCE.md has the math. The moments are debiased like Adam's: the k-th update
-  (k = 1, 2, ...) uses the step size `beta / (1 - (1 - beta)**k)`, so the first
-  batch sets them outright and the initial `mu = 0, nu = 1` leaves no trace.
+  `V(x) = sigma * n(x) + mu`, with `sigma` the spread `sqrt(nu - mu**2)` of the
+  statistics, kept at least `sigma_floor` times the largest spread so far (`peak`)
+  and within `[SIGMA_MIN, SIGMA_MAX]`. The learner moves `mu` and `nu` towards the
+  moments of each batch's V-trace targets (`updated`) and rescales the head's last
+  layer so that `V(x)` is unchanged (`preserve`); docs/design.md has the math. The
+  moments are debiased like Adam's: the k-th update (k = 1, 2, ...) uses the step
+  size `beta / (1 - (1 - beta)**k)`, so the first batch sets them outright and the
+  initial `mu = 0, nu = 1` leaves no trace.
 
-  The floor relative to |mu| (scale-free, like the rest) is for targets that are
-  all alike, e.g. every episode reaching a time limit: their spread, and with it
-  sigma, would shrink towards 0 and scale the value errors (and the value head's
-  weights) up by 1/sigma until the value term swamps the step. `mu` and `nu` are
+  The floor is for targets that come to be all alike, e.g. every episode reaching
+  a time limit: their spread, and with it sigma, would shrink towards 0 and scale
+  the value errors (and the value head's weights) up by 1/sigma until the value
+  term swamps the step. Relative to the peak spread, it depends on neither the
+  scale nor the shift of the returns: returns `k * G + c` give `k` times the
+  sigma of `G` (a floor relative to `|mu|` moved with `c`). `mu` and `nu` are
   float64: in float32, `nu - mu**2` loses the spread of targets near 1e5.
 
   Variables (non-trainable, checkpointed with the network): `mu` float64
-  `[num_tasks]`, `nu` float64 `[num_tasks]`, `updates` float32 `[]` (the number of
-  updates so far, for the debiasing). Training uses one task (index 0); the leading
-  task axis keeps per-task statistics possible.
+  `[num_tasks]`, `nu` float64 `[num_tasks]`, `peak` float64 `[num_tasks]` (the
+  largest spread after any update; 0 before the first), `updates` float32 `[]`
+  (the number of updates so far, for the debiasing). Training uses one task
+  (index 0); the leading task axis keeps per-task statistics possible.
   """
 
   SIGMA_MIN = 1e-4
@@ -553,11 +557,29 @@ class PopArt(tf.Module):
       self.nu = tf.Variable(tf.ones([self.num_tasks], tf.float64), trainable=False,
                             name='nu')
       self.updates = tf.Variable(0.0, trainable=False, name='updates')
+      self.peak = tf.Variable(tf.zeros([self.num_tasks], tf.float64),
+                              trainable=False, name='sigma_peak')
 
-  def sigma_of(self, mu: tf.Tensor, nu: tf.Tensor) -> tf.Tensor:
-    """sigma (float64, the shape of `mu`) of the statistics `mu`, `nu` (float64)."""
-    var = tf.maximum(nu - tf.square(mu), 0.0)
-    sigma = tf.maximum(tf.sqrt(var), self.sigma_floor * tf.abs(mu))
+  @staticmethod
+  def spread_of(mu: tf.Tensor, nu: tf.Tensor) -> tf.Tensor:
+    """`sqrt(max(nu - mu**2, 0))`, float64 (the shape of `mu`)."""
+    return tf.sqrt(tf.maximum(nu - tf.square(mu), 0.0))
+
+  def sigma_of(self, mu: tf.Tensor, nu: tf.Tensor,
+               peak: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """sigma (float64, the shape of `mu`) of the statistics `mu`, `nu` (float64).
+
+    Args:
+      mu, nu: float64 `[num_tasks]`.
+      peak: float64 `[num_tasks]`, the largest spread so far; None reads `peak`.
+
+    Returns:
+      `clip(max(spread, sigma_floor * max(peak, spread)), SIGMA_MIN, SIGMA_MAX)`.
+    """
+    spread = self.spread_of(mu, nu)
+    peak = self.peak if peak is None else peak
+    sigma = tf.maximum(spread, self.sigma_floor * tf.maximum(
+        tf.cast(peak, tf.float64), spread))
     return tf.clip_by_value(sigma, self.SIGMA_MIN, self.SIGMA_MAX)
 
   @property
@@ -579,14 +601,15 @@ class PopArt(tf.Module):
       beta: the step size (`popart_beta`).
 
     Returns:
-      `(mu, nu, updates)`: the new values of the variables (float64, float64,
-      float32; nothing is assigned).
+      `(mu, nu, updates, peak)`: the new values of the variables (float64,
+      float64, float32, float64; nothing is assigned).
     """
     updates = self.updates + 1.0
     step = tf.cast(beta / (1.0 - tf.pow(1.0 - beta, updates)), tf.float64)
     mu = (1.0 - step) * self.mu + step * tf.cast(mean, tf.float64)
     nu = (1.0 - step) * self.nu + step * tf.cast(mean_sq, tf.float64)
-    return mu, nu, updates
+    peak = tf.maximum(self.peak, self.spread_of(mu, nu))
+    return mu, nu, updates, peak
 
   @staticmethod
   def preserve(w: tf.Tensor, b: tf.Tensor, mu: tf.Tensor, sigma: tf.Tensor,
@@ -652,7 +675,8 @@ class AgentNetwork(tf.Module):
       spaces: `(observation_space, action_space)` passed to the user's FUNCTION.
       popart: whether the baseline head is PopArt-normalised (`popart` holds the
         statistics; `baseline` outputs stay in return units).
-      popart_sigma_floor: `PopArt.sigma_floor` (sigma >= this * |mu|).
+      popart_sigma_floor: `PopArt.sigma_floor` (sigma >= this times the largest
+        spread so far).
       shared_torso: False gives the baseline head its own MLP torso
         (`value_torso`, same `mlp_hidden_sizes`); 'mlp' without LSTM only.
 
@@ -928,7 +952,8 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
       seed=config.seed,
       spaces=(observation_space, action_space),
       popart=config.popart,
-      shared_torso=config.shared_torso,
+      shared_torso=config_lib.resolve_shared_torso(
+          config.shared_torso, network, config.use_lstm),
       popart_sigma_floor=config.popart_sigma_floor)
 
 

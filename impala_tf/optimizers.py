@@ -12,6 +12,9 @@ Two optimizers, both plain `tf.Module`s so they work whichever Keras is installe
   The `mom` slot exists only when `momentum > 0`; with `momentum == 0` the update is
   `w <- w - lr * g / sqrt(ms + epsilon)`, which is the same thing without the
   (always zero) momentum state.
+  With `style='torch'` it is PyTorch's `torch.optim.RMSprop` (TorchBeast's) instead:
+  `ms` starts at 0 and `mom <- momentum * mom + lr * g / (sqrt(ms) + epsilon)`
+  (epsilon outside the root).
 * `Adam`: Kingma & Ba (2015) with bias correction, in the "efficient" form of their
   section 2 (the form of TF1's `AdamOptimizer` and of Keras): epsilon is added to
   `sqrt(v)` *after* the bias correction has been folded into the step size:
@@ -259,12 +262,14 @@ class _Optimizer(tf.Module):
 class RMSProp(_Optimizer):
   """RMSProp with TF1 `RMSPropOptimizer` semantics (the IMPALA paper's optimizer).
 
-  See the module docstring for the update. Slots: `ms` (initialised to 1.0) for every
-  variable, and `mom` (initialised to 0.0) only when `momentum > 0`.
+  Or PyTorch's with `style='torch'`. See the module docstring for the update.
+  Slots: `ms` (initialised to 1.0, 0.0 for torch) for every variable, and `mom`
+  (initialised to 0.0) only when `momentum > 0`.
   """
 
   def __init__(self, learning_rate: LearningRate, decay: float = 0.99,
-               momentum: float = 0.0, epsilon: float = 0.01, name: str = 'RMSProp'):
+               momentum: float = 0.0, epsilon: float = 0.01, style: str = 'tf1',
+               name: str = 'RMSProp'):
     """Creates the optimizer (no variables until `build`).
 
     Args:
@@ -272,18 +277,26 @@ class RMSProp(_Optimizer):
         tensor, evaluated once at every `apply_gradients`.
       decay: float in [0, 1), the discount of the squared-gradient average.
       momentum: float in [0, 1).
-      epsilon: float > 0, added to `ms` inside the square root.
+      epsilon: float > 0, added to `ms` inside the square root (tf1) or to
+        its root (torch).
+      style: 'tf1' (ms from 1, epsilon inside the root) or 'torch' (ms from 0,
+        epsilon outside).
       name: module name.
+
+    Raises:
+      ValueError: for another `style`.
     """
     super().__init__(learning_rate, name)
+    if style not in ('tf1', 'torch'):
+      raise ValueError(f"style={style!r}: must be 'tf1' or 'torch'")
+    self.style = style
     self.decay = float(decay)
     self.momentum = float(momentum)
     self.epsilon = float(epsilon)
 
   def _slot_specs(self):
-    if self.momentum > 0:
-      return (('ms', 1.0), ('mom', 0.0))
-    return (('ms', 1.0),)
+    ms = (('ms', 1.0 if self.style == 'tf1' else 0.0),)
+    return ms + ((('mom', 0.0),) if self.momentum > 0 else ())
 
   def _hyper(self):
     return {'lr': self.learning_rate()}
@@ -292,7 +305,10 @@ class RMSProp(_Optimizer):
     ms = slots[0]
     new_ms = self.decay * ms + (1.0 - self.decay) * tf.square(grad)
     ms.assign(new_ms)
-    step = hyper['lr'] * grad * tf.math.rsqrt(new_ms + self.epsilon)
+    if self.style == 'tf1':
+      step = hyper['lr'] * grad * tf.math.rsqrt(new_ms + self.epsilon)
+    else:
+      step = hyper['lr'] * grad / (tf.sqrt(new_ms) + self.epsilon)
     if self.momentum > 0:
       mom = slots[1]
       step = self.momentum * mom + step
@@ -346,7 +362,8 @@ def make_optimizer(config, learning_rate: LearningRate) -> _Optimizer:
 
   Args:
     config: an `impala_tf.config.Config`; reads `optimizer` ('rmsprop' or 'adam'),
-      `rmsprop_decay`, `rmsprop_momentum`, `rmsprop_epsilon`, `adam_beta1`,
+      `rmsprop_decay`, `rmsprop_momentum`, `rmsprop_epsilon`, `rmsprop_style`,
+      `adam_beta1`,
       `adam_beta2`, `adam_epsilon`.
     learning_rate: float, or a zero-argument callable returning a float32 `[]`
       tensor (e.g. a schedule bound to the frame counter).
@@ -359,7 +376,8 @@ def make_optimizer(config, learning_rate: LearningRate) -> _Optimizer:
   """
   if config.optimizer == 'rmsprop':
     return RMSProp(learning_rate, decay=config.rmsprop_decay,
-                   momentum=config.rmsprop_momentum, epsilon=config.rmsprop_epsilon)
+                   momentum=config.rmsprop_momentum, epsilon=config.rmsprop_epsilon,
+                   style=config.rmsprop_style)
   if config.optimizer == 'adam':
     return Adam(learning_rate, beta1=config.adam_beta1, beta2=config.adam_beta2,
                 epsilon=config.adam_epsilon)

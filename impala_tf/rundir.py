@@ -331,7 +331,8 @@ def resume_differences(saved: Dict[str, object], config: config_lib.Config,
   """The flags that make `config` unable to resume a run of the saved config.
 
   Those that change the variables a checkpoint holds: the torso (`network`, with
-  'auto' resolved), `mlp_hidden_sizes` (mlp torso), `use_lstm`, `lstm_size` (with
+  'auto' resolved), `mlp_hidden_sizes` (mlp torso), `use_lstm`, `shared_torso`
+  (resolved: whether a value MLP exists), `lstm_size` (with
   an LSTM), `optimizer`, `rmsprop_momentum` being 0 or not (its slot), and the
   env's spaces (`frame_stack`, `use_lstm` for Atari); and `env` itself, even with
   the same spaces (a policy trained on one env is not a start on another).
@@ -375,6 +376,11 @@ def resume_differences(saved: Dict[str, object], config: config_lib.Config,
     differ('mlp_hidden_sizes', tuple(old('mlp_hidden_sizes')),
            tuple(config.mlp_hidden_sizes))
   differ('use_lstm', old('use_lstm'), config.use_lstm)
+  old_shared = config_lib.resolve_shared_torso(old('shared_torso'), old_torso,
+                                               old('use_lstm'))
+  if old_shared != config_lib.resolve_shared_torso(
+      config.shared_torso, new_torso, config.use_lstm):
+    differ('shared_torso', old('shared_torso'), config.shared_torso)
   if old('use_lstm') and config.use_lstm:
     differ('lstm_size', old('lstm_size'), config.lstm_size)
   differ('optimizer', old('optimizer'), config.optimizer)
@@ -391,7 +397,7 @@ LEARNING_FLAGS = (
     'discounting', 'reward_clipping', 'reward_scale', 'baseline_cost',
     'entropy_cost', 'entropy_cost_schedule', 'vtrace', 'clip_rho_threshold',
     'clip_pg_rho_threshold', 'vtrace_lambda', 'loss_reduction', 'learning_rate',
-    'lr_schedule', 'grad_clip')
+    'lr_schedule', 'grad_clip', 'rmsprop_style', 'ppo_clip')
 
 
 def _relative_to_the_budget(schedule) -> bool:

@@ -209,8 +209,10 @@ def test_flags_round_trip_through_a_flagfile(tmp_path):
 
 def test_cartpole_cfg():
   cfg = _config([f'--flagfile={REPO / "configs" / "cartpole.cfg"}'])
+  # The defaults, with network='auto' and shared_torso unset resolved as they
+  # are for CartPole's vector observations.
   assert cfg == config_lib.Config().replace(
-      network='mlp', logdir='/tmp/impala_tf/cartpole')
+      network='mlp', shared_torso=False, logdir='/tmp/impala_tf/cartpole')
 
 
 def test_atari_paper_cfg():
@@ -238,6 +240,59 @@ def test_every_cfg_parses_into_a_valid_config():
   assert len(cfgs) >= 2
   for path in cfgs:
     assert isinstance(_config([f'--flagfile={path}']), config_lib.Config), path
+
+
+# The flags a recorded setup in configs/ must state: everything that changes what
+# is learned (a new default must not change what a config means).
+LEARNING_SECTIONS = ('data', 'loss', 'optimizer', 'network')
+LEARNING_FLAGS_ELSEWHERE = ('env', 'num_actors', 'num_envs_per_actor',
+                            'unroll_length', 'broadcast_interval',
+                            'total_environment_frames')
+
+
+# In those sections but not about learning.
+NOT_LEARNING = ('learner_queue_timeout', 'loss_term_grad_norms',
+                'max_nonfinite_updates')
+
+
+def _learning_flags(optimizer):
+  """The flags a config of `optimizer` must state (not the other one's)."""
+  other = 'adam_' if optimizer == 'rmsprop' else 'rmsprop_'
+  names = [spec.name for key, _, specs in impala_flags.SECTIONS
+           if key in LEARNING_SECTIONS for spec in specs
+           if spec.name not in NOT_LEARNING and not spec.name.startswith(other)]
+  return names + list(LEARNING_FLAGS_ELSEWHERE)
+
+
+def _flags_set_in(path):
+  names = set()
+  for line in path.read_text().splitlines():
+    line = line.strip()
+    if line.startswith('--'):
+      name = line[2:].split('=')[0]
+      names.add(name)
+      if name.startswith('no'):
+        names.add(name[2:])
+  return names
+
+
+def _missing_learning_flags(path):
+  optimizer = _config([f'--flagfile={path}']).optimizer
+  return [n for n in _learning_flags(optimizer) if n not in _flags_set_in(path)]
+
+
+def test_every_cfg_states_every_learning_flag(tmp_path):
+  cfgs = sorted((REPO / 'configs').glob('*.cfg'))
+  assert len(cfgs) >= 3
+  for path in cfgs:
+    assert not _missing_learning_flags(path), (path.name,
+                                               _missing_learning_flags(path))
+  # The check itself: a config without --popart (Pong's old file) fails it.
+  pong = (REPO / 'configs' / 'pong.cfg').read_text()
+  bad = tmp_path / 'bad.cfg'
+  bad.write_text('\n'.join(l for l in pong.splitlines()
+                           if l.strip() not in ('--popart', '--nopopart')))
+  assert _missing_learning_flags(bad) == ['popart']
 
 
 def test_docs_are_up_to_date():

@@ -248,7 +248,7 @@ def test_term_grad_norms_off_gives_the_same_update():
   assert 'grad_norm_policy' in outs[0] and 'grad_norm_policy' not in outs[1]
 
 
-def _popart_reference(cfg, batch, mu0, nu0, updates0):
+def _popart_reference(cfg, batch, mu0, nu0, updates0, peak0=0.0):
   """One PopArt step by hand, in the order of Hessel et al.: V-trace targets with
   the current statistics; new statistics; the head rescaled so V is preserved;
   then the gradient of the normalised losses at the rescaled head.
@@ -258,8 +258,10 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0):
   net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
   net.popart.mu.assign([mu0])
   net.popart.nu.assign([nu0])
+  net.popart.peak.assign([peak0])
   floor = cfg.popart_sigma_floor
-  sigma0 = max(np.sqrt(nu0 - mu0**2), floor * abs(mu0))
+  spread0 = np.sqrt(nu0 - mu0**2)
+  sigma0 = max(spread0, floor * max(peak0, spread0))
   out = _unroll(cfg, net, batch)
   args = _loss_inputs(cfg, batch, out)
   targets = losses.compute_targets(**args)
@@ -268,12 +270,15 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0):
   step = cfg.popart_beta / (1 - (1 - cfg.popart_beta)**(updates0 + 1))
   mu1 = (1 - step) * mu0 + step * vs.mean()
   nu1 = (1 - step) * nu0 + step * np.mean(vs**2)
-  sigma1 = max(np.sqrt(nu1 - mu1**2), floor * abs(mu1))
+  spread1 = np.sqrt(nu1 - mu1**2)
+  peak1 = max(peak0, spread1)
+  sigma1 = max(spread1, floor * peak1)
   head = net.baseline_head
   head.w.assign(head.w.numpy() * sigma0 / sigma1)
   head.b.assign((sigma0 * head.b.numpy() + mu0 - mu1) / sigma1)
   net.popart.mu.assign([mu1])
   net.popart.nu.assign([nu1])
+  net.popart.peak.assign([peak1])
   with tf.GradientTape() as tape:
     out2 = _unroll(cfg, net, batch)
     normalised = (out2.baseline[:-1] - mu1) / sigma1  # The head's own output.
@@ -298,7 +303,7 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0):
 @pytest.mark.parametrize('optimizer,floor', [('rmsprop', 0.1), ('adam', 0.1),
                                              ('adam', 0.9)])
 def test_popart_step_matches_hand_computation(optimizer, floor):
-  # floor=0.9: the old sigma is the floor, 0.9 * |mu0| = 2.7, not the spread 2.
+  # floor=0.9: the old sigma is the floor, 0.9 * peak0 = 2.7, not the spread 2.
   cfg = _config(optimizer=optimizer, popart=True, popart_beta=0.2,
                 learning_rate=0.05, grad_clip=0.5, popart_sigma_floor=floor)
   batch = make_batch(seed=9, reward_scale=5.0)
@@ -308,9 +313,10 @@ def test_popart_step_matches_hand_computation(optimizer, floor):
   popart.mu.assign([mu0])
   popart.nu.assign([nu0])
   popart.updates.assign(updates0)
+  popart.peak.assign([3.0])
   out = learner.step(_shards(learner, batch))
   ref_weights, mu1, sigma1, ref_norm = _popart_reference(cfg, batch, mu0, nu0,
-                                                         updates0)
+                                                         updates0, peak0=3.0)
   np.testing.assert_allclose(float(out['popart_mu']), mu1, rtol=1e-5)
   np.testing.assert_allclose(float(out['popart_sigma']), sigma1, rtol=1e-5)
   np.testing.assert_allclose(popart.mu.numpy(), [mu1], rtol=1e-5)
@@ -335,6 +341,46 @@ def test_popart_first_update_takes_the_batch_moments():
   np.testing.assert_allclose(float(out['popart_mu']), vs.mean(), atol=1e-4)
   np.testing.assert_allclose(float(out['popart_sigma']), vs.std(), rtol=1e-4)
   assert vs.std() > 5
+
+
+@pytest.mark.parametrize('scale,shift', [(1.0, 40.0), (1.0, -25.0), (5.0, 0.0),
+                                         (3.0, -60.0)])
+def test_popart_update_is_invariant_to_the_scale_and_shift_of_the_returns(
+    scale, shift):
+  # Returns k * G + c (rewards * k + c * (1 - discount), no terminal inside), with
+  # the statistics and the value head moved alike: the same weights after each
+  # step, mu moved to k * mu + c and sigma to k * sigma. Two steps, the second
+  # on a batch of smaller spread, so the floor (0.9 of the peak spread) sets
+  # sigma there. A floor of 0.9 * |mu| would move with c.
+  cfg = _config(optimizer='adam', learning_rate=0.01, grad_clip=0.5, popart=True,
+                popart_beta=0.9, popart_sigma_floor=0.9, shared_torso=False)
+  gamma = cfg.discounting
+  batches = [make_batch(seed=21, reward_scale=5.0),
+             make_batch(seed=22, reward_scale=0.5)]
+  for b in batches:
+    b['terminated'][:] = False
+  base, moved = _make_learner(cfg), _make_learner(cfg)
+  moved.network.popart.mu.assign([shift])  # From mu = 0, nu = 1: sigma 1.
+  moved.network.popart.nu.assign([scale**2 + shift**2])
+  floored = []
+  for b in batches:
+    b2 = dict(b, reward=(b['reward'] * scale + shift * (1 - gamma)).astype(
+        np.float32))
+    out = base.step(_shards(base, b))
+    out2 = moved.step(_shards(moved, b2))
+    for v, v2 in zip(base.network.trainable_variables,
+                     moved.network.trainable_variables):
+      np.testing.assert_allclose(v2.numpy(), v.numpy(), rtol=1e-4, atol=1e-5,
+                                 err_msg=v.name)
+    np.testing.assert_allclose(float(out2['popart_mu']),
+                               scale * float(out['popart_mu']) + shift,
+                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(float(out2['popart_sigma']),
+                               scale * float(out['popart_sigma']), rtol=1e-4)
+    popart = base.network.popart
+    spread = float(popart.spread_of(popart.mu, popart.nu)[0])
+    floored.append(float(out['popart_sigma']) > spread * 1.01)
+  assert floored == [False, True]
 
 
 def test_repeated_steps_decrease_the_loss():

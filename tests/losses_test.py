@@ -349,6 +349,82 @@ def test_normalize_advantages_matches_numpy_and_replaces_the_policy_term():
                              rtol=1e-5)
 
 
+def _np_surrogate(d, adv, eps):
+  """PPO's clipped surrogate by hand: per-step loss, d loss / d logits, clipped."""
+  onehot = np.eye(A)[d['actions']]
+  lp = _np_log_softmax(d['target_logits'].astype(np.float64))
+  blp = _np_log_softmax(d['behaviour_logits'].astype(np.float64))
+  ratio = np.exp((lp * onehot).sum(-1) - (blp * onehot).sum(-1))
+  unclipped, clipped = ratio * adv, np.clip(ratio, 1 - eps, 1 + eps) * adv
+  loss = -np.minimum(unclipped, clipped)
+  no_grad = clipped < unclipped
+  # d(-r A)/d logits = -A r (onehot - softmax), where the unclipped term is taken.
+  grad = np.where(no_grad[..., None], 0.0,
+                  -(adv * ratio)[..., None] * (onehot - np.exp(lp)))
+  return loss, grad, no_grad, ratio
+
+
+@pytest.mark.parametrize('eps', [0.1, 0.3])
+def test_clipped_surrogate_matches_numpy_both_sides_and_gradient(eps):
+  d = _batch(seed=4)
+  adv = np.random.default_rng(5).normal(size=[T, B]).astype(np.float32)
+  want, want_grad, want_clipped, ratio = _np_surrogate(d, adv.astype(np.float64),
+                                                       eps)
+  logits = tf.Variable(d['target_logits'])
+  with tf.GradientTape() as tape:
+    got, clipped = losses.clipped_surrogate_loss(logits, d['behaviour_logits'],
+                                                 d['actions'], adv, eps)
+    total = tf.reduce_sum(got)
+  np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(clipped.numpy(), want_clipped)
+  np.testing.assert_allclose(tape.gradient(total, logits).numpy(), want_grad,
+                             rtol=1e-4, atol=1e-6)
+  # Both sides occur: steps clipped above (A > 0, r > 1 + eps), below (A < 0,
+  # r < 1 - eps), and outside the range but unclipped (the min keeps r A).
+  outside = np.abs(ratio - 1) > eps
+  assert np.any(want_clipped & (adv > 0)) and np.any(want_clipped & (adv < 0))
+  assert np.any(outside & ~want_clipped)
+  # A ratio of 1 (learner = behaviour): the surrogate is -A, its gradient IMPALA's.
+  same = dict(d, behaviour_logits=d['target_logits'])
+  logits = tf.Variable(d['target_logits'])
+  with tf.GradientTape(persistent=True) as tape:
+    sur, _ = losses.clipped_surrogate_loss(logits, same['behaviour_logits'],
+                                           d['actions'], adv, eps)
+    pg = losses.policy_gradient_loss(logits, d['actions'], adv)
+    sur_sum, pg_sum = tf.reduce_sum(sur), tf.reduce_sum(pg)
+  np.testing.assert_allclose(sur.numpy(), -adv, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(tape.gradient(sur_sum, logits).numpy(),
+                             tape.gradient(pg_sum, logits).numpy(), rtol=1e-4,
+                             atol=1e-6)
+
+
+def test_compute_loss_with_ppo_clip_matches_numpy():
+  d = _batch(seed=6)
+  m = d['mask']
+  eps = 0.2
+  _, _, vs, adv = _np_targets(d)
+  loss, diag, g_logits, _ = _grads(d, baseline_cost=0.5, entropy_cost=0.0,
+                                   ppo_clip=eps, value_scale=2.0)
+  # The advantages are divided by value_scale before the surrogate.
+  want2, want_grad2, want_clipped2, _ = _np_surrogate(d, adv / 2.0, eps)
+  pg = np.sum(np.where(m, want2, 0))
+  np.testing.assert_allclose(float(diag['policy_loss']), pg, rtol=1e-4, atol=1e-5)
+  assert float(diag['ppo_clipped_count']) == np.sum(m & want_clipped2)
+  assert 0 < float(diag['ppo_clipped_count']) < np.sum(m)
+  bl = np.sum(np.where(m, 0.5 * ((vs - d['values']) / 2.0)**2, 0))
+  np.testing.assert_allclose(float(loss), pg + 0.5 * bl, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(g_logits, np.where(m[..., None], want_grad2, 0),
+                             rtol=1e-4, atol=1e-6)
+  out = losses.summarize_diagnostics(diag)
+  np.testing.assert_allclose(out['ppo_clip_fraction'],
+                             np.sum(m & want_clipped2) / np.sum(m), rtol=1e-6)
+  # ppo_clip=0 is IMPALA's loss exactly, with no clipped step.
+  loss0, diag0 = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0)
+  loss00, _ = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0,
+                                  ppo_clip=0.0)
+  assert float(loss0) == float(loss00) and float(diag0['ppo_clipped_count']) == 0
+
+
 def test_summarize_diagnostics():
   sums = {'loss': 10.0, 'policy_loss': 4.0, 'baseline_loss': 8.0,
           'entropy_loss': -6.0, 'num_valid': 4.0, 'entropy_sum': 6.0, 'rho_sum': 3.0,

@@ -552,14 +552,24 @@ def test_popart_baseline_is_in_return_units_and_preserve_keeps_it(tmp_path):
 
 
 def test_popart_sigma_is_clipped_and_floored():
-  popart = networks.PopArt(3, sigma_floor=0.25)
+  popart = networks.PopArt(5, sigma_floor=0.25)
   mu = tf.constant([2.0, 0.0, 0.0, -40.0, 1e5], tf.float64)
   nu = tf.constant([4.0, 1e20, 1.0, 1600.0 + 9.0, 1e10 + 25.0], tf.float64)
+  peak = tf.constant([8.0, 0.0, 0.0, 40.0, 0.0], tf.float64)
   np.testing.assert_allclose(
-      popart.sigma_of(mu, nu).numpy(),
-      # No spread: 0.25 * |mu|; huge: SIGMA_MAX; 1; floor 10 > 3; float64 keeps
-      # the spread 5 of targets near 1e5, but the floor (25,000) wins.
-      [0.5, networks.PopArt.SIGMA_MAX, 1.0, 10.0, 25_000.0], rtol=1e-6)
+      popart.sigma_of(mu, nu, peak).numpy(),
+      # No spread: 0.25 * the peak 8; huge: SIGMA_MAX; 1; floor 10 > 3; float64
+      # keeps the spread 5 of targets near 1e5 (no peak above it).
+      [2.0, networks.PopArt.SIGMA_MAX, 1.0, 10.0, 5.0], rtol=1e-6)
+  # The floor follows the peak, not mu: the same spread and peak at any shift.
+  for shift in (0.0, -500.0, 1e4):
+    shifted = popart.sigma_of(mu + shift, nu + 2 * shift * mu + shift**2, peak)
+    np.testing.assert_allclose(shifted.numpy()[[0, 2, 3]], [2.0, 1.0, 10.0],
+                               rtol=1e-6)
+  # Without a peak argument it reads the variable.
+  popart.peak.assign([8.0, 0.0, 0.0, 40.0, 0.0])
+  np.testing.assert_allclose(popart.sigma_of(mu, nu).numpy()[[0, 3]], [2.0, 10.0],
+                             rtol=1e-6)
   assert networks.PopArt(1).sigma_of(
       tf.constant([1e5], tf.float64),
       tf.constant([1e10 + 25.0], tf.float64)).numpy()[0] == pytest.approx(5.0)

@@ -79,6 +79,52 @@ def test_rmsprop_two_steps_with_momentum_in_tf_function():
   assert opt.iterations.numpy() == 2
 
 
+def _np_torch_rmsprop(w, grads, lr, decay, momentum, epsilon):
+  """torch.optim.RMSprop (non-centered), in numpy (float64): ms from 0, eps outside."""
+  w = np.array(w, np.float64)
+  ms = np.zeros_like(w)
+  mom = np.zeros_like(w)
+  for g in grads:
+    ms = decay * ms + (1 - decay) * g**2
+    mom = momentum * mom + lr * g / (np.sqrt(ms) + epsilon)
+    w = w - mom
+  return w, ms, mom
+
+
+@pytest.mark.parametrize('momentum', [0.0, 0.9])
+def test_rmsprop_torch_style_matches_pytorch_formula(momentum):
+  w = tf.Variable(_W0)
+  opt = optimizers.RMSProp(0.01, decay=0.99, momentum=momentum, epsilon=0.01,
+                           style='torch')
+  opt.apply_gradients([(tf.constant(_GRADS[0]), w)])
+  # By hand for one entry, first step: g = 0.1: ms = 0.01 * 0.01 = 1e-4,
+  # w = 0.5 - 0.01 * 0.1 / (0.01 + 0.01) = 0.45 (tf1 would give 0.5 - 0.001 /
+  # sqrt(0.9901 + 0.01) = 0.499).
+  np.testing.assert_allclose(w.numpy()[0, 0], 0.45, rtol=1e-5)
+  for g in _GRADS[1:]:
+    opt.apply_gradients([(tf.constant(g), w)])
+  expected, ms, mom = _np_torch_rmsprop(_W0, _GRADS, 0.01, 0.99, momentum, 0.01)
+  np.testing.assert_allclose(w.numpy(), expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(opt._ms[0].numpy(), ms, rtol=1e-5, atol=1e-9)
+  if momentum:
+    np.testing.assert_allclose(opt._mom[0].numpy(), mom, rtol=1e-5, atol=1e-8)
+  tf1, _, _ = _np_rmsprop(_W0, _GRADS, 0.01, 0.99, momentum, 0.01)
+  assert np.abs(expected - tf1).max() > 0.05  # The two styles differ here.
+
+
+def test_rmsprop_style_comes_from_the_config():
+  cfg = config_lib.Config(optimizer='rmsprop', rmsprop_style='torch')
+  opt = optimizers.make_optimizer(cfg, 0.1)
+  assert opt.style == 'torch'
+  assert optimizers.make_optimizer(config_lib.Config(optimizer='rmsprop'),
+                                   0.1).style == 'tf1'
+  with pytest.raises(ValueError, match="style='adam': must be 'tf1' or 'torch'"):
+    optimizers.RMSProp(0.1, style='adam')
+  with pytest.raises(config_lib.ConfigError,
+                     match='rmsprop_style=keras: must be one of tf1, torch'):
+    config_lib.Config(rmsprop_style='keras')
+
+
 def test_adam_three_steps_matches_textbook():
   w = tf.Variable(_W0)
   b = tf.Variable([1.0, 2.0])

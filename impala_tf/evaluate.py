@@ -65,21 +65,14 @@ import tensorflow as tf
 from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import environments
+from impala_tf import episodes
 from impala_tf import flags as flags_lib
 from impala_tf import types
 
 PROG = 'impala_tf.evaluate'
 SOURCES = ('checkpoint', 'saved_model')
-_MAX_DEFAULT_ENVS = 8
 VIDEO_FORMATS = ('.mp4', '.gif')
-VIDEO_INSTALL_HINT = "pip install 'impala_tf[video]'"
-# Atari runs at 60 frames a second; an agent step is ATARI_FRAME_SKIP of them.
-_ATARI_FPS = 60
-_DEFAULT_FPS = 30
-
-
-class VideoError(ValueError):
-  """A video cannot be written (format, missing encoder, an env without frames)."""
+VIDEO_INSTALL_HINT = episodes.VIDEO_INSTALL_HINT
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -102,7 +95,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
          'Seed of the envs (env i gets seed + i) and of action sampling. '
          'Range: [0, 2^31).', lower_bound=0, upper_bound=2**31 - 1)
   define(flags.DEFINE_integer, 'num_envs', 0,
-         f'Envs stepped together; 0: min(num_episodes, {_MAX_DEFAULT_ENVS}). '
+         f'Envs stepped together; 0: min(num_episodes, {episodes.MAX_DEFAULT_ENVS}). '
          'Range: >= 0.', lower_bound=0)
   define(flags.DEFINE_enum, 'env_backend', None, list(config_lib.ENV_BACKENDS),
          "Atari emulator backend to evaluate on: 'gymnasium', 'envpool' or "
@@ -173,38 +166,30 @@ def check_video_path(path: str) -> str:
     '.mp4' or '.gif'.
 
   Raises:
-    VideoError: another extension, or the encoder is not installed (one line
+    episodes.VideoError: another extension, or the encoder is not installed (one line
       naming the extra).
   """
   ext = os.path.splitext(path)[1].lower()
   if ext not in VIDEO_FORMATS:
-    raise VideoError(f'--video={path}: must end in .mp4 or .gif')
+    raise episodes.VideoError(f'--video={path}: must end in .mp4 or .gif')
   try:
     import imageio  # pylint: disable=g-import-not-at-top,unused-import
     import PIL  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
-    raise VideoError(f'--video={path}: writing a video needs imageio (the video '
+    raise episodes.VideoError(f'--video={path}: writing a video needs imageio (the video '
                      f'extra): {VIDEO_INSTALL_HINT}') from None
   if ext == '.mp4':
     try:
       import imageio_ffmpeg  # pylint: disable=g-import-not-at-top,unused-import
     except ImportError:
-      raise VideoError(
+      raise episodes.VideoError(
           f'--video={path}: an .mp4 needs the ffmpeg encoder imageio-ffmpeg (the '
           f'video extra): {VIDEO_INSTALL_HINT}; or write a .gif, which needs only '
           'imageio') from None
   parent = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(parent):
-    raise VideoError(f'--video={path}: no such directory {parent}')
+    raise episodes.VideoError(f'--video={path}: no such directory {parent}')
   return ext
-
-
-def video_fps(env_id: str, env_metadata: Dict[str, object]) -> float:
-  """Frames per second that play `env_id` at its own speed (one frame a step)."""
-  if environments.is_atari(env_id):
-    return _ATARI_FPS / environments.action_repeat(env_id)
-  fps = env_metadata.get('render_fps')
-  return float(fps) if fps else float(_DEFAULT_FPS)
 
 
 def _caption(frame: np.ndarray, text: str) -> np.ndarray:
@@ -248,7 +233,7 @@ class VideoWriter:
     """Appends one frame: uint8 `[H, W, 3]`, the size of the first frame."""
     frame = np.asarray(frame)
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
-      raise VideoError(f'--video={self.path}: the env rendered a frame of shape '
+      raise episodes.VideoError(f'--video={self.path}: the env rendered a frame of shape '
                        f'{frame.shape} and dtype {frame.dtype}, not uint8 [H, W, 3]')
     if self._pending is not None:
       self._write(self._pending)
@@ -288,135 +273,6 @@ class VideoWriter:
       self._writer = None
 
 
-def _render(env, env_id: str) -> np.ndarray:
-  """The RGB frame of env 0 of a `render_first` vector env."""
-  try:
-    frame = env.envs[0].render()
-  except gym.error.DependencyNotInstalled as e:
-    raise VideoError(f'--video: {env_id} draws its frames with a package that is '
-                     f'not installed ({e}): {VIDEO_INSTALL_HINT}') from None
-  except NotImplementedError:
-    frame = None
-  if frame is None:
-    raise VideoError(f'--video: {env_id} renders no RGB frames (render_modes: '
-                     f'{env.envs[0].metadata.get("render_modes")})')
-  return np.asarray(frame)
-
-
-def _sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-  """One action per row of `logits` `[B, A]`, drawn from softmax(logits)."""
-  z = logits - logits.max(axis=-1, keepdims=True)
-  p = np.exp(z)
-  p /= p.sum(axis=-1, keepdims=True)
-  u = rng.random((logits.shape[0], 1))
-  action = (np.cumsum(p, axis=-1) < u).sum(axis=-1)
-  return np.minimum(action, logits.shape[-1] - 1).astype(np.int32)
-
-
-def run_episodes(config: config_lib.Config, policy, num_episodes: int,
-                 greedy: bool = False, seed: int = 0, num_envs: int = 0,
-                 video: Optional['VideoWriter'] = None) -> Dict[str, object]:
-  """Plays `num_episodes` whole episodes of `config.env` with `policy`.
-
-  Args:
-    config: the run's Config (env id, preprocessing, vectorization).
-    policy: callable `(obs, prev_action, reward, first, state) -> (logits [B, A]
-      numpy, new_state)` with `initial_state(B)`.
-    num_episodes: episodes to finish, >= 1.
-    greedy: argmax actions instead of samples.
-    seed: env `i` gets `seed + i`; also seeds action sampling.
-    num_envs: envs in the vector env; 0 for min(num_episodes, 8).
-    video: optional `VideoWriter`; gets each RGB frame (uint8 `[H, W, 3]`) of env
-      0's first episode: after the reset, then after each step up to the one
-      that ends it (the caller closes it). Its `fps`, if None, becomes the env's
-      (`video_fps`). The envs are then a gymnasium 'sync' vector env whose env 0
-      renders (`environments.make_vector_env(render_first=True)`).
-
-  Returns:
-    dict with `episodes`, `episode_return_{mean,std,min,max}`,
-    `episode_length_mean`, and the lists `episode_returns`, `episode_lengths`
-    With `video` also `recorded_episode`: `episode_return` and
-    `episode_length` of the episode it recorded.
-
-  Raises:
-    VideoError: with `video`, the env renders no RGB frames.
-  """
-  n = num_envs or min(num_episodes, _MAX_DEFAULT_ENVS)
-  n = min(n, num_episodes)
-  quota = np.array([num_episodes // n + (i < num_episodes % n) for i in range(n)])
-  try:
-    env = environments.make_vector_env(
-        config.env, n, seed, vectorization=config.env_vectorization,
-        backend=config.env_backend, render_first=video is not None,
-        **checkpoints.env_kwargs(config))
-  except TypeError as e:
-    if video is None or 'render_mode' not in str(e):
-      raise
-    raise VideoError(f'--video: {config.env} renders no RGB frames (it takes no '
-                     'render_mode)') from None
-  rng = np.random.default_rng(seed)
-  returns, lengths = [], []
-  recorded = None
-  recording = video is not None
-  try:
-    obs, _ = environments.reset(env, seed)
-    if recording:
-      if video.fps is None:
-        video.fps = video_fps(config.env, env.envs[0].metadata)
-      video.add(_render(env, config.env))
-    prev_action = np.zeros(n, np.int32)
-    reward = np.zeros(n, np.float32)
-    first = np.ones(n, bool)
-    last = np.zeros(n, bool)  # The current observation ends its episode.
-    ep_return = np.zeros(n, np.float64)
-    ep_length = np.zeros(n, np.int64)
-    done = np.zeros(n, np.int64)
-    state = policy.initial_state(n)
-    while (done < quota).any():
-      logits, state = policy(np.asarray(obs), prev_action, reward, first, state)
-      action = (np.argmax(logits, axis=-1).astype(np.int32) if greedy
-                else _sample(logits, rng))
-      obs, r, terminated, truncated, infos = env.step(action)
-      stepped = ~last  # NEXT_STEP autoreset: after an end, a step is a reset.
-      r = np.asarray(r, np.float64)
-      ep_return += np.where(stepped, r, 0.0)
-      ep_length += stepped
-      ended = environments.game_over(np.asarray(terminated), np.asarray(truncated),
-                                     infos)
-      if recording:
-        video.add(_render(env, config.env))
-        if ended[0]:
-          recording = False
-          recorded = {'episode_return': float(ep_return[0]),
-                      'episode_length': int(ep_length[0])}
-      for i in np.flatnonzero(ended):
-        if done[i] < quota[i]:
-          returns.append(float(ep_return[i]))
-          lengths.append(int(ep_length[i]))
-          done[i] += 1
-        ep_return[i] = 0.0
-        ep_length[i] = 0
-      first = last.copy()
-      prev_action = np.where(stepped, action, 0).astype(np.int32)
-      reward = np.asarray(r, np.float32)
-      last = np.logical_or(terminated, truncated)
-  finally:
-    env.close()
-  rets = np.asarray(returns, np.float64)
-  result = {} if video is None else {'recorded_episode': recorded}
-  return {
-      **result,
-      'episodes': len(returns),
-      'episode_return_mean': float(rets.mean()),
-      'episode_return_std': float(rets.std()),
-      'episode_return_min': float(rets.min()),
-      'episode_return_max': float(rets.max()),
-      'episode_length_mean': float(np.mean(lengths)),
-      'episode_returns': returns,
-      'episode_lengths': lengths,
-  }
-
-
 def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
              source: str = 'checkpoint', seed: int = 0, num_envs: int = 0,
              env_backend: Optional[str] = None,
@@ -435,7 +291,7 @@ def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
   Raises:
     checkpoints.RunDirError: no config.json, checkpoint or SavedModel.
     impala_tf.config.ConfigError: the run's env cannot be made here.
-    VideoError: the video cannot be written (checked before anything runs, but
+    episodes.VideoError: the video cannot be written (checked before anything runs, but
       for an env that renders no frames).
   """
   if source not in SOURCES:
@@ -460,7 +316,7 @@ def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
     config = dataclasses.replace(config, env_backend=env_backend)
   caption = None
   try:
-    result = run_episodes(config, policy, num_episodes, greedy=greedy, seed=seed,
+    result = episodes.run_episodes(config, policy, num_episodes, greedy=greedy, seed=seed,
                           num_envs=num_envs, video=writer)
     if writer is not None:
       caption = f"return {result['recorded_episode']['episode_return']:g}"
@@ -494,7 +350,7 @@ def main(argv):
     r = evaluate(fv.logdir, fv.num_episodes, greedy=fv.greedy, source=fv.source,
                  seed=fv.seed, num_envs=fv.num_envs, env_backend=fv.env_backend,
                  video=fv.video)
-  except (checkpoints.RunDirError, VideoError) as e:
+  except (checkpoints.RunDirError, episodes.VideoError) as e:
     flags_lib.exit_with_error(str(e), PROG)
   except config_lib.ConfigError as e:
     flags_lib.exit_with_error(f'{checkpoints.CONFIG_FILE} of --logdir: {e}', PROG)

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import config as config_lib
+from impala_tf import episodes
 from impala_tf import networks
 from impala_tf import types
 
@@ -40,7 +41,7 @@ EVAL_SEED_OFFSET = 7_919_000
 
 
 class _WeightsPolicy:
-  """A policy over published weights with `evaluate.run_episodes`' interface."""
+  """A policy over published weights with `episodes.run_episodes`' interface."""
 
   def __init__(self, network: networks.AgentNetwork):
     self._network = network
@@ -127,9 +128,6 @@ class PeriodicEvaluator:
     self._thread.join(timeout)
 
   def _run(self):
-    # Imported here: evaluate is also an entry point (flags are defined only when
-    # it runs as one), and the driver imports this module.
-    from impala_tf import evaluate  # pylint: disable=g-import-not-at-top
     c = self._config
     policy = None
     while True:
@@ -146,7 +144,7 @@ class PeriodicEvaluator:
           with tf.device('/cpu:0'):
             policy = _WeightsPolicy(networks.make_network(c, *self._spaces))
         policy.set_weights(weights)
-        out = evaluate.run_episodes(
+        out = episodes.run_episodes(
             c, policy, c.eval_episodes, greedy=c.eval_greedy,
             seed=c.seed + EVAL_SEED_OFFSET + self._count)
       except Exception as e:  # pylint: disable=broad-except

@@ -403,6 +403,7 @@ def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
   # pylint: disable=g-import-not-at-top
   from impala_tf import checkpoints
   from impala_tf import driver
+  from impala_tf import episodes
   from impala_tf import evaluate
   from impala_tf import testing
   logdir = str(tmp_path / 'run')
@@ -426,7 +427,7 @@ def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
     policy = _Recording(evaluate._CheckpointPolicy(network))  # pylint: disable=protected-access
     # Sampled actions (seeded: the same draws on both) exercise more of the game
     # than this barely trained net's greedy action.
-    result = evaluate.run_episodes(config.replace(env_backend=backend), policy,
+    result = episodes.run_episodes(config.replace(env_backend=backend), policy,
                                    num_episodes=2, seed=3)
     games[backend] = (result, policy)
   (gym_result, gym_seen), (pool_result, pool_seen) = (games['gymnasium'],

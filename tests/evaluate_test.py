@@ -21,6 +21,7 @@ import pytest
 from impala_tf import checkpoints
 from impala_tf import driver
 from impala_tf import envpool_env
+from impala_tf import episodes
 from impala_tf import evaluate
 from impala_tf import testing
 
@@ -180,13 +181,13 @@ def test_library_evaluate_sources_agree(run, monkeypatch):
   # The chain env pays every policy the same, so equal returns prove nothing: the
   # policies evaluate() loads from each source are compared on fixed inputs.
   logits = {}
-  real_run_episodes = evaluate.run_episodes
+  real_run_episodes = episodes.run_episodes
 
   def run_episodes(config, policy, *args, **kwargs):
     logits[len(logits)] = _fixed_logits(policy)
     return real_run_episodes(config, policy, *args, **kwargs)
 
-  monkeypatch.setattr(evaluate, 'run_episodes', run_episodes)
+  monkeypatch.setattr(episodes, 'run_episodes', run_episodes)
   by_ckpt = evaluate.evaluate(run, num_episodes=4, greedy=True)
   by_model = evaluate.evaluate(run, num_episodes=4, greedy=True,
                                source='saved_model')
@@ -199,39 +200,6 @@ def test_library_evaluate_sources_agree(run, monkeypatch):
   assert np.abs(untrained - logits[0]).max() > 1e-4
   with pytest.raises(ValueError, match='source=x'):
     evaluate.evaluate(run, source='x')
-
-
-class _FixedPolicy:
-  """Logits that always prefer action 1; records the inputs it was given."""
-
-  def __init__(self):
-    self.firsts = []
-
-  def initial_state(self, batch_size):
-    return ()
-
-  def __call__(self, observation, prev_action, reward, first, state):
-    self.firsts.append(np.array(first))
-    return np.tile(np.array([[-5.0, 5.0]], np.float32), (len(first), 1)), state
-
-
-def test_run_episodes_counts_whole_episodes_and_episode_starts():
-  cfg = testing.tiny_config(env=testing.CHAIN_TRUNCATED_ID)
-  policy = _FixedPolicy()
-  r = evaluate.run_episodes(cfg, policy, num_episodes=5, num_envs=2, seed=1)
-  # Truncated after 5 steps: 5 episodes of length 5 (3 in env 0, 2 in env 1).
-  assert r['episode_lengths'] == [5] * 5 and r['episode_returns'] == [5.0] * 5
-  firsts = np.stack(policy.firsts)
-  # Step 0 starts episodes; after 5 steps the NEXT_STEP reset gives a first obs.
-  assert firsts[0].all() and firsts[6].all() and not firsts[1:6].any()
-
-
-def test_sample_follows_the_softmax():
-  rng = np.random.default_rng(0)
-  logits = np.log(np.array([[0.2, 0.8], [1.0, 1e-9]], np.float32))
-  actions = np.stack([evaluate._sample(logits, rng) for _ in range(2000)])
-  assert abs(actions[:, 0].mean() - 0.8) < 0.05
-  assert (actions[:, 1] == 0).all()
 
 
 def _decode(path):
@@ -329,13 +297,13 @@ def test_video_needs_the_encoder_one_line_naming_the_extra(cartpole_run, tmp_pat
 
 
 def test_video_errors(run, tmp_path):
-  with pytest.raises(evaluate.VideoError, match=r'--video=x\.avi: must end in '
+  with pytest.raises(episodes.VideoError, match=r'--video=x\.avi: must end in '
                      r'\.mp4 or \.gif'):
     evaluate.check_video_path('x.avi')
-  with pytest.raises(evaluate.VideoError, match='no such directory'):
+  with pytest.raises(episodes.VideoError, match='no such directory'):
     evaluate.check_video_path(str(tmp_path / 'missing' / 'x.mp4'))
   # The chain env draws nothing.
-  with pytest.raises(evaluate.VideoError, match='renders no RGB frames'):
+  with pytest.raises(episodes.VideoError, match='renders no RGB frames'):
     evaluate.evaluate(run, num_episodes=1, video=str(tmp_path / 'chain.gif'))
 
 

@@ -9,6 +9,7 @@ import pytest
 from impala_tf import config as config_lib
 from impala_tf import driver
 from impala_tf import environments
+from impala_tf import episodes
 from impala_tf import evaluate
 from impala_tf import metrics
 from impala_tf import networks
@@ -42,7 +43,7 @@ def test_result_equals_evaluate_run_episodes_of_the_same_weights(use_lstm):
     got = _wait_for_result(evaluator)
   finally:
     evaluator.close()
-  want = evaluate.run_episodes(cfg, evaluate._CheckpointPolicy(net), 3,
+  want = episodes.run_episodes(cfg, evaluate._CheckpointPolicy(net), 3,
                                greedy=True,
                                seed=cfg.seed + periodic_eval.EVAL_SEED_OFFSET)
   assert got['eval_episodes'] == 3 and got['eval_env_frames'] == 130

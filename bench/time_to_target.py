@@ -1,9 +1,16 @@
-"""CartPole-v1 time-to-solve benchmark: seeds in fresh processes, JSON out.
+"""Time to solve an env (CartPole-v1, Acrobot-v1): seeds in fresh processes, JSON out.
 
 Usage:
-  python bench/cartpole.py [--seeds=0,1,2,3,4] [--target=475] [--max_frames=600000]
-      [--compare_sb3=PYTHON] [--sb3_script=../shared/peers/sb3_ppo_cartpole.py]
+  python bench/time_to_target.py [--env=CartPole-v1] [--seeds=0,1,2,3,4]
+      [--target=475] [--max_frames=600000] [--compare_sb3=PYTHON]
+      [--sb3_script=bench/peers/sb3_ppo_cartpole.py]
       [-- extra train flags, e.g. --num_virtual_cpu_devices=2]
+
+`--env` picks the env and its defaults (`ENVS`): CartPole-v1 (target 475 within 600k
+frames, peer `bench/peers/sb3_ppo_cartpole.py`) or Acrobot-v1 (target -100,
+gymnasium's threshold, within 1M frames, peer `bench/peers/sb3_ppo_acrobot.py`:
+SB3 PPO with RL-Zoo's Acrobot config); `--target`, `--max_frames` and
+`--sb3_script` override them.
 
 Each seed runs `python -m impala_tf.train --target_return=TARGET --seed=S` (the
 default total_environment_frames, so the default learning-rate schedule) in a fresh
@@ -34,8 +41,22 @@ import tempfile
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_DEFAULT_SB3 = os.path.normpath(os.path.join(_HERE, '..', '..', 'shared', 'peers',
-                                             'sb3_ppo_cartpole.py'))
+_PEERS = os.path.join(_HERE, 'peers')
+
+# Per env: the 100-episode mean that counts as solved, the frame budget to solve
+# it in, the peer script and how to read it (its flags and JSON keys differ).
+ENVS = {
+    'CartPole-v1': dict(target=475.0, max_frames=600_000,
+                        sb3_script=os.path.join(_PEERS, 'sb3_ppo_cartpole.py'),
+                        sb3_flags=('--target-return', '{target}', '--quiet'),
+                        sb3_frames='env_steps_to_return_{target:g}',
+                        sb3_final='final_mean_return'),
+    'Acrobot-v1': dict(target=-100.0, max_frames=1_000_000,
+                       sb3_script=os.path.join(_PEERS, 'sb3_ppo_acrobot.py'),
+                       sb3_flags=('--target', '{target}'),
+                       sb3_frames='steps_to_target',
+                       sb3_final='last_100_mean'),
+}
 
 
 def bare_tf_import_seconds(python):
@@ -46,12 +67,12 @@ def bare_tf_import_seconds(python):
   return time.time() - start
 
 
-def run_seed(seed, target, max_frames, extra, workdir):
+def run_seed(seed, target, max_frames, extra, workdir, env='CartPole-v1'):
   logdir = os.path.join(workdir, f'seed{seed}')
   tf_import = bare_tf_import_seconds(sys.executable)
   cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}',
-         f'--seed={seed}', f'--target_return={target}', '--log_interval_secs=1'
-         ] + extra
+         f'--env={env}', f'--seed={seed}', f'--target_return={target}',
+         '--log_interval_secs=1'] + extra
   launch = time.time()
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   total = time.time() - launch
@@ -82,9 +103,9 @@ def run_seed(seed, target, max_frames, extra, workdir):
   }
 
 
-def run_sb3(python, script, seed, target):
-  cmd = [python, script, '--seed', str(seed), '--target-return', str(target),
-         '--quiet']
+def run_sb3(python, script, seed, target, spec):
+  cmd = [python, script, '--seed', str(seed)] + [
+      f.format(target=target) for f in spec['sb3_flags']]
   launch = time.time()
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   total = time.time() - launch
@@ -98,10 +119,10 @@ def run_sb3(python, script, seed, target):
       'seed': seed,
       'solved': secs is not None,
       'seconds_to_target': secs,
-      'frames_to_target': out.get(f'env_steps_to_return_{target:g}'),
+      'frames_to_target': out.get(spec['sb3_frames'].format(target=target)),
       'process_seconds': round(total, 2),
       'startup_seconds': (out.get('startup') or {}).get('script_start_to_ready_s'),
-      'final_return_mean': out.get('final_mean_return'),
+      'final_return_mean': out.get(spec['sb3_final']),
   }
 
 
@@ -112,32 +133,38 @@ def _median(values):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--env', default='CartPole-v1', choices=sorted(ENVS))
   parser.add_argument('--seeds', default='0,1,2,3,4')
-  parser.add_argument('--target', type=float, default=475.0)
-  parser.add_argument('--max_frames', type=int, default=600_000)
+  parser.add_argument('--target', type=float, default=None)
+  parser.add_argument('--max_frames', type=int, default=None)
   parser.add_argument('--compare_sb3', default='',
                       help='a Python interpreter with stable-baselines3 installed')
-  parser.add_argument('--sb3_script', default=_DEFAULT_SB3)
+  parser.add_argument('--sb3_script', default=None)
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
+  spec = ENVS[args.env]
+  for key in ('target', 'max_frames', 'sb3_script'):
+    if getattr(args, key) is None:
+      setattr(args, key, spec[key])
   if args.compare_sb3 and not os.path.exists(args.sb3_script):
     parser.error(f'--sb3_script={args.sb3_script}: no such file')
   seeds = [int(s) for s in args.seeds.split(',')]
   results, peer = [], []
   with tempfile.TemporaryDirectory() as workdir:
     for s in seeds:
-      r = run_seed(s, args.target, args.max_frames, args.extra, workdir)
+      r = run_seed(s, args.target, args.max_frames, args.extra, workdir, args.env)
       print(json.dumps(r), file=sys.stderr, flush=True)
       results.append(r)
       if args.compare_sb3:
-        p = run_sb3(args.compare_sb3, args.sb3_script, s + 1, args.target)
+        p = run_sb3(args.compare_sb3, args.sb3_script, s + 1, args.target, spec)
         print(json.dumps({'sb3': p}), file=sys.stderr, flush=True)
         peer.append(p)
   solved = [r for r in results if r.get('solved')]
   secs = [r['seconds_to_target'] for r in solved]
   frames = [r['frames_to_target'] for r in solved]
   out = {
-      'benchmark': 'cartpole_time_to_target',
+      'benchmark': 'time_to_target',
+      'env': args.env,
       'target_return': args.target,
       'max_frames': args.max_frames,
       'extra_flags': args.extra,

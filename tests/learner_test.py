@@ -583,10 +583,23 @@ def test_reuse_in_call_is_num_sgd_iter_for_a_ring_of_one_batch():
 
 @pytest.mark.parametrize('term_norms', [False, True])
 def test_reuse_in_the_call_gives_the_updates_of_a_reusing_dataset(term_norms):
+  _check_reuse_in_call(dict(loss_term_grad_norms=term_norms), term_norms)
+
+
+def test_reuse_in_the_call_with_ppo_clip_and_popart_gives_the_same_updates():
+  # The clipped surrogate measures each pass against the behaviour policy, and
+  # PopArt's statistics move on every pass: both as the reusing dataset does.
+  singles = _check_reuse_in_call(dict(loss_term_grad_norms=False, ppo_clip=0.2,
+                                      popart=True, popart_beta=0.3), False)
+  # The synthetic behaviour logits are far from the learner's: the clip acts.
+  assert sum(float(s['ppo_clipped_count']) for s in singles) > 0
+
+
+def _check_reuse_in_call(extra, term_norms):
   # num_sgd_iter = 2 done by the learner on batches fetched once, against single
   # steps on a dataset that emits each batch twice (reuse 0, then 1).
   batches = [make_batch(seed=40 + i) for i in range(3)]
-  kw = dict(loss_term_grad_norms=term_norms, num_sgd_iter=2, optimizer='adam')
+  kw = dict(num_sgd_iter=2, optimizer='adam', **extra)
   one = _make_learner(_config(**kw))
   fused = _make_learner(_config(learner_steps_per_call=3, **kw))
   for a, b in zip(one.network.variables, fused.network.variables):
@@ -609,12 +622,15 @@ def test_reuse_in_the_call_gives_the_updates_of_a_reusing_dataset(term_norms):
     np.testing.assert_array_equal(w, v.numpy())
   with pytest.raises(ValueError, match='reuse must be >= 1, got 0'):
     fused.step_from_iterator(it, reuse=0)
+  return singles
 
 
 @pytest.mark.parametrize('kw', [
     dict(popart=True, loss_term_grad_norms=True, optimizer='adam'),
     dict(popart=False, loss_term_grad_norms=False, optimizer='rmsprop',
          loss_reduction='mean', normalize_advantages=True, use_lstm=True),
+    dict(popart=True, ppo_clip=0.2, loss_term_grad_norms=False, optimizer='rmsprop',
+         rmsprop_style='torch'),
 ])
 def test_xla_gradient_gives_the_same_updates(kw):
   batches = [make_batch(seed=30 + i, lstm_size=8 if kw.get('use_lstm') else 0)
@@ -755,6 +771,10 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
       # the loss divided by the whole batch's valid steps.
       'popart_mean': dict(optimizer='adam', learning_rate=0.01, grad_clip=1e-3,
                           popart=True, popart_beta=0.3, loss_reduction='mean'),
+      # The clipped surrogate with PopArt and the LSTM, torch-style RMSProp.
+      'ppo_lstm_popart': dict(optimizer='rmsprop', rmsprop_style='torch',
+                              learning_rate=0.01, grad_clip=0.5, use_lstm=True,
+                              popart=True, ppo_clip=0.2),
       'popart_value_torso': dict(optimizer='rmsprop', learning_rate=0.05,
                                  grad_clip=0.5, popart=True, shared_torso=False,
                                  reward_scale=10.0, loss_term_grad_norms=False,
@@ -775,7 +795,7 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
              CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.run([sys.executable, str(script), str(tmp_path / 'cases.json')],
                         capture_output=True, text=True, env=env, cwd=_REPO,
-                        timeout=300, check=False)
+                        timeout=600, check=False)
   lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
   assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
   out = json.loads(lines[-1][len('RESULT '):])

@@ -16,14 +16,16 @@ from impala_tf import optimizers
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _np_rmsprop(w, grads, lr, decay, momentum, epsilon):
-  """The TF1 RMSPropOptimizer update, in numpy (float64)."""
+def _np_rmsprop(w, grads, lr, decay, momentum, epsilon, style='tf1'):
+  """RMSProp in numpy (float64): TF1's RMSPropOptimizer (ms from 1, epsilon inside
+  the root) or, with style='torch', torch.optim.RMSprop (ms from 0, outside)."""
   w = np.array(w, np.float64)
-  ms = np.ones_like(w)
+  ms = np.ones_like(w) if style == 'tf1' else np.zeros_like(w)
   mom = np.zeros_like(w)
   for g in grads:
     ms = decay * ms + (1 - decay) * g**2
-    mom = momentum * mom + lr * g / np.sqrt(ms + epsilon)
+    root = np.sqrt(ms + epsilon) if style == 'tf1' else np.sqrt(ms) + epsilon
+    mom = momentum * mom + lr * g / root
     w = w - mom
   return w, ms, mom
 
@@ -79,18 +81,6 @@ def test_rmsprop_two_steps_with_momentum_in_tf_function():
   assert opt.iterations.numpy() == 2
 
 
-def _np_torch_rmsprop(w, grads, lr, decay, momentum, epsilon):
-  """torch.optim.RMSprop (non-centered), in numpy (float64): ms from 0, eps outside."""
-  w = np.array(w, np.float64)
-  ms = np.zeros_like(w)
-  mom = np.zeros_like(w)
-  for g in grads:
-    ms = decay * ms + (1 - decay) * g**2
-    mom = momentum * mom + lr * g / (np.sqrt(ms) + epsilon)
-    w = w - mom
-  return w, ms, mom
-
-
 @pytest.mark.parametrize('momentum', [0.0, 0.9])
 def test_rmsprop_torch_style_matches_pytorch_formula(momentum):
   w = tf.Variable(_W0)
@@ -103,7 +93,8 @@ def test_rmsprop_torch_style_matches_pytorch_formula(momentum):
   np.testing.assert_allclose(w.numpy()[0, 0], 0.45, rtol=1e-5)
   for g in _GRADS[1:]:
     opt.apply_gradients([(tf.constant(g), w)])
-  expected, ms, mom = _np_torch_rmsprop(_W0, _GRADS, 0.01, 0.99, momentum, 0.01)
+  expected, ms, mom = _np_rmsprop(_W0, _GRADS, 0.01, 0.99, momentum, 0.01,
+                                  style='torch')
   np.testing.assert_allclose(w.numpy(), expected, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(opt._ms[0].numpy(), ms, rtol=1e-5, atol=1e-9)
   if momentum:

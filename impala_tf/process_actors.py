@@ -12,23 +12,34 @@ loop runs at its own speed next to the learner. Nothing is pickled per unroll:
   backend's `put_then_wait_for_room`: a chunk waits in the queue, never in the
   actor's hands, so the next unroll starts with the newest weights);
 * the loaders (`get_chunk`) wait on every child's pipe, take an index (round
-  robin over the ready children), copy the chunk out and hand the slot back (a
-  semaphore per child);
+  robin over the ready children), copy the chunk out and hand that slot back by
+  its index (a third pipe per child): a child writes only into a slot it was
+  given back, so several loaders copying at once never see a slot overwritten
+  under them, whatever order they finish in;
 * `publish` writes the weights into a shared block between two increments of a
-  sequence number; a child copies them at an unroll boundary when the version
-  changed, again if the parent wrote meanwhile (what `actor.ParameterBroadcast`
-  does for threads);
+  sequence number, with a CRC-32 of the weights; a child copies them at an
+  unroll boundary when the version changed, again if the parent wrote meanwhile
+  or the copy's CRC differs (what `actor.ParameterBroadcast` does for threads).
+  The CRC makes a torn copy visible on CPUs that reorder memory accesses (ARM),
+  where the sequence number alone does not;
 * finished episodes, and a child's error, come back over a second pipe per child.
 
 No lock is shared between processes: a child killed at any point leaves nothing
-held that the parent or another child waits for.
+held that the parent or another child waits for. A child whose parent is gone
+(the trainer killed with SIGKILL, by the OOM killer) stops at its next env step
+or wait: every wait and the stop flag check the parent's pid, so no child
+outlives the trainer by more than an env step, and the blocks are unlinked by
+multiprocessing's resource tracker once the last child exits. Before the first
+child starts, `start` checks that `/dev/shm` has room for the blocks and says
+how much is needed if not (Docker gives containers 64 MB: `--shm-size`).
 
 A child builds its Actor with `actor_pool.make_actor` from the same Config, seeds
 and sampling stream as the other backends, so a run's unrolls are the same
 whichever backend made them. A child that dies (an env error, a kill) is replaced
 with fresh env seeds and counted in `restarts`, with the threads backend's budget
 (`actor_pool.RestartBudget`); the replacement gets a new block, and chunks the
-dead child had finished are still read. `stop()` asks the children to stop,
+dead child had finished are still read; the dead child's block is unlinked once
+they are. `stop()` asks the children to stop,
 terminates those that do not within `STOP_JOIN_SECS`, and unlinks every block.
 """
 
@@ -42,6 +53,8 @@ import multiprocessing
 from multiprocessing import connection as mp_connection
 from multiprocessing import shared_memory
 import contextlib
+import os
+import shutil
 import signal
 import struct
 import sys
@@ -49,6 +62,7 @@ import threading
 import time
 import traceback
 import types as types_lib
+import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -66,8 +80,10 @@ _ALIGN = 64
 _SLOT = struct.Struct('<i')
 _MAIN_LOCK = threading.Lock()
 # Header of the weights block, int64: [version, stop flag, write sequence (odd while
-# the parent writes the weights), steps of actor 0, ...].
-_VERSION, _STOP, _SEQ, _STEPS = 0, 1, 2, 3
+# the parent writes the weights), CRC-32 of the weights, steps of actor 0, ...].
+_VERSION, _STOP, _SEQ, _CRC, _STEPS = 0, 1, 2, 3, 4
+# Where shared memory lives on Linux; `start` checks its free space.
+SHM_DIR = '/dev/shm'
 
 Layout = Tuple[Tuple[str, Tuple[int, ...], str], ...]
 
@@ -182,24 +198,45 @@ class _SharedWeights:
   """The policy weights and the header (version, stop flag, steps) in shared memory.
 
   The parent (one writer) writes the weights between two increments of a sequence
-  number; a child copies them when the version changed, again until the sequence
-  was even and unchanged across its copy (a seqlock: no lock a killed child could
-  leave held). It stands in for `actor.ParameterBroadcast` in the child.
+  number and stores their CRC-32; a child copies them when the version changed,
+  again until the sequence was even and unchanged across its copy and the copy's
+  CRC matches (a seqlock checked by content: no lock a killed child could leave
+  held, and no reliance on the CPU keeping the order of the parent's stores). It
+  stands in for `actor.ParameterBroadcast` in the child.
+
+  Args:
+    shapes: the weights' shapes (float32).
+    num_actors: N: one step counter each in the header.
+    name: None in the parent (creates the block); the block's name in a child.
+    alive: in a child, a callable that is False once the reader must give up
+      (the stop flag is set or the parent is gone): `latest` then returns
+      `(version, None)` instead of waiting on a writer that will never finish.
   """
 
-  def __init__(self, shapes, num_actors: int, name: Optional[str] = None):
-    self._fields = tuple((f'w{i}', tuple(s), 'float32') for i, s in enumerate(shapes))
-    self._fields = ((('header', (_STEPS + num_actors,), 'int64'),) + self._fields)
-    offsets, size = _offsets(self._fields)
-    self.shm = (shared_memory.SharedMemory(create=True, size=size) if name is None
-                else _attach(name))
+  def __init__(self, shapes, num_actors: int, name: Optional[str] = None,
+               alive=None):
+    self._fields = self._layout(shapes, num_actors)
+    offsets, nbytes = _offsets(self._fields)
+    self.shm = (shared_memory.SharedMemory(create=True, size=nbytes)
+                if name is None else _attach(name))
     views = _views(self.shm.buf, 0, self._fields, offsets)
     self.header = views.pop('header')
     self._weights = [views[f'w{i}'] for i in range(len(shapes))]
     self.shapes = [tuple(s) for s in shapes]
+    self.alive = alive or (lambda: True)
     if name is None:
       self.header[:] = 0
       self.header[_VERSION] = -1
+
+  @staticmethod
+  def _layout(shapes, num_actors: int):
+    return ((('header', (_STEPS + num_actors,), 'int64'),) +
+            tuple((f'w{i}', tuple(s), 'float32') for i, s in enumerate(shapes)))
+
+  @classmethod
+  def size(cls, shapes, num_actors: int) -> int:
+    """Bytes of the block for weights of `shapes` and `num_actors` actors."""
+    return _offsets(cls._layout(shapes, num_actors))[1]
 
   @property
   def version(self) -> int:
@@ -208,22 +245,34 @@ class _SharedWeights:
   def publish(self, version: int, weights: Sequence[np.ndarray]):
     header = self.header
     header[_SEQ] += 1
+    crc = 0
     for dst, src in zip(self._weights, weights):
+      src = np.ascontiguousarray(src, dtype=np.float32)
       dst[...] = src
+      crc = zlib.crc32(src, crc)
+    header[_CRC] = crc
     header[_VERSION] = int(version)
     header[_SEQ] += 1
 
   def latest(self):
+    """`(version, copies of the weights)`; `(version, None)` before the first
+    publish or once `alive()` is False."""
     header = self.header
     while True:
       before = int(header[_SEQ])
-      if before % 2:
-        time.sleep(0)
-        continue
-      version = int(header[_VERSION])
-      copies = [w.copy() for w in self._weights] if version >= 0 else None
-      if int(header[_SEQ]) == before:
-        return version, copies
+      if before % 2 == 0:
+        version, crc = int(header[_VERSION]), int(header[_CRC])
+        if version < 0:
+          return version, None
+        copies, got = [], 0
+        for w in self._weights:
+          copies.append(w.copy())
+          got = zlib.crc32(copies[-1], got)
+        if int(header[_SEQ]) == before and got == crc:
+          return version, copies
+      if not self.alive():
+        return int(header[_VERSION]), None
+      time.sleep(0)
 
   def close(self, unlink: bool = False):
     self.header = None
@@ -232,13 +281,20 @@ class _SharedWeights:
 
 
 class _StopFlag:
-  """`threading.Event`'s `is_set` over the shared header (read every env step)."""
+  """`threading.Event`'s `is_set` over the shared header (read every env step).
 
-  def __init__(self, header):
+  In a child (`parent_pid` given) it is also set once the parent is gone: a
+  child of a killed trainer is re-parented, and `os.getppid` (one system call per
+  env step) tells.
+  """
+
+  def __init__(self, header, parent_pid: Optional[int] = None):
     self._header = header
+    self._parent = parent_pid
 
   def is_set(self) -> bool:
-    return bool(self._header[_STOP])
+    return bool(self._header[_STOP]) or (
+        self._parent is not None and os.getppid() != self._parent)
 
   def set(self):
     self._header[_STOP] = 1
@@ -256,19 +312,27 @@ def _child_main(spec):
     weights = _SharedWeights(spec['weight_shapes'], spec['num_actors'],
                              name=spec['weights_name'])
     slots = _Slots(spec['layout'], spec['num_slots'], name=spec['slots_name'])
-    stop = _StopFlag(weights.header)
+    stop = _StopFlag(weights.header, parent_pid=spec['parent_pid'])
+    weights.alive = lambda: not stop.is_set()
     free, filled, actor_id = spec['free'], spec['slots_conn'], spec['actor_id']
     pending: List[types.EpisodeStats] = []
-    state = {'slot': 0, 'actor': None}
+    state = {'free': list(range(slots.num_slots)), 'actor': None}
 
     def wait_for_slot() -> bool:
-      while not stop.is_set():
-        if free.acquire(timeout=_POLL_SECS):
+      """Takes back the slots the loaders freed; True once one is free."""
+      while True:
+        try:
+          while free.poll(0 if state['free'] else _POLL_SECS):
+            state['free'].append(_SLOT.unpack(free.recv_bytes())[0])
+        except (EOFError, OSError):  # The parent is gone.
+          return False
+        if stop.is_set():
+          return False
+        if state['free']:
           return True
-      return False
 
     def emit(chunk) -> bool:
-      slot = state['slot']
+      slot = state['free'].pop(0)
       for key, view in slots.slots[slot].items():
         view[...] = chunk[key]
       weights.header[_STEPS + actor_id] = state['actor'].steps
@@ -276,7 +340,6 @@ def _child_main(spec):
       if pending:
         conn.send(('episodes', list(pending)))
         del pending[:]
-      state['slot'] = (slot + 1) % slots.num_slots
       return wait_for_slot()
 
     rng = tf.random.Generator.from_state(spec['rng_state'], spec['rng_alg'])
@@ -327,11 +390,15 @@ class _Child:
     self.process = process
     self.conn = conn  # Episodes and errors.
     self.slots = slots
+    # Where the loaders send back the index of a slot they copied (one loader at a
+    # time: `free_lock`).
     self.free = free
+    self.free_lock = threading.Lock()
     # Indices of the slots it filled; at EOF (the child is gone and everything it
     # sent was read) `drained`.
     self.slot_conn = slot_conn
     self.drained = False
+    self.copying = 0  # Loaders copying one of its slots now (under the pool's lock).
     self.error: Optional[BaseException] = None
     self.traceback: Optional[str] = None
 
@@ -370,7 +437,13 @@ class ProcessActorPool(actor_pool.ActorPool):
     self._stopped = False
 
   def start(self, version, weights):
-    self._weights = _SharedWeights([w.shape for w in weights], self.config.num_actors)
+    shapes = [w.shape for w in weights]
+    # Every child's slots, one more child's (a replacement overlaps the dead
+    # child's block until its chunks are read) and the weights.
+    check_shm_space((self.config.num_actors + 1) * self._num_slots *
+                    _offsets(self._layout)[1] +
+                    _SharedWeights.size(shapes, self.config.num_actors))
+    self._weights = _SharedWeights(shapes, self.config.num_actors)
     self.publish(version, weights)
     for i in range(self.config.num_actors):
       self._spawn(i)
@@ -381,7 +454,7 @@ class ProcessActorPool(actor_pool.ActorPool):
   def _spawn(self, actor_id: int):
     generation = self._restarts[actor_id]
     slots = _Slots(self._layout, self._num_slots)
-    free = self._ctx.Semaphore(self._num_slots)
+    free_reader, free = self._ctx.Pipe(duplex=False)
     parent_conn, child_conn = self._ctx.Pipe(duplex=False)
     slot_reader, slot_writer = self._ctx.Pipe(duplex=False)
     rng = self.rngs[actor_id]
@@ -392,7 +465,8 @@ class ProcessActorPool(actor_pool.ActorPool):
         'observation_space': self.observation_space,
         'action_space': self.action_space,
         'layout': self._layout, 'num_slots': self._num_slots,
-        'slots_name': slots.shm.name, 'free': free, 'slots_conn': slot_writer,
+        'slots_name': slots.shm.name, 'free': free_reader,
+        'slots_conn': slot_writer, 'parent_pid': os.getpid(),
         'weights_name': self._weights.shm.name,
         'weight_shapes': self._weights.shapes,
         'num_actors': self.config.num_actors,
@@ -408,6 +482,7 @@ class ProcessActorPool(actor_pool.ActorPool):
       process.start()
     child_conn.close()  # The child's ends: EOF here once the child is gone.
     slot_writer.close()
+    free_reader.close()
     child = _Child(actor_id, generation, process, parent_conn, slots, free,
                    slot_reader)
     with self._lock:
@@ -471,6 +546,7 @@ class ProcessActorPool(actor_pool.ActorPool):
       return
     self._restarts[child.actor_id] += 1
     self._spawn(child.actor_id)
+    self._reclaim(child)  # If its last chunk was read already.
 
   def publish(self, version, weights):
     self._weights.publish(version, weights)
@@ -499,10 +575,30 @@ class ProcessActorPool(actor_pool.ActorPool):
       if child.slot_conn not in ready:
         continue
       try:
-        return child, _SLOT.unpack(child.slot_conn.recv_bytes())[0]
+        slot = _SLOT.unpack(child.slot_conn.recv_bytes())[0]
       except (EOFError, OSError):  # Gone, and all it sent was read.
         child.drained = True
+        self._reclaim(child)
+        continue
+      with self._lock:
+        child.copying += 1
+      return child, slot
     return None
+
+  def _reclaim(self, child: _Child):
+    """Unlinks the block of a dead, drained child once no loader copies from it."""
+    with self._lock:
+      if (not child.drained or child.copying or self._stopped or
+          self._children.get(child.actor_id) is child or
+          self._blocks.get((child.actor_id, child.generation)) is not child):
+        return
+      del self._blocks[(child.actor_id, child.generation)]
+    child.slots.close(unlink=True)
+    for conn in (child.free, child.slot_conn):
+      try:
+        conn.close()
+      except OSError:
+        pass
 
   def get_chunk(self):
     deadline = time.monotonic() + self.config.learner_queue_timeout
@@ -520,11 +616,22 @@ class ProcessActorPool(actor_pool.ActorPool):
               ' s (--learner_queue_timeout): the actors are stalled or too slow; '
               'check the env, or raise --learner_queue_timeout')
     child, slot = got
-    chunk = {key: view.copy() for key, view in child.slots.slots[slot].items()}
-    free = child.free
-    if free is not None:  # None once stopped.
-      free.release()
+    try:
+      chunk = self._copy_out(child, slot)
+      with child.free_lock:
+        try:
+          child.free.send_bytes(_SLOT.pack(slot))
+        except (OSError, ValueError):  # The child is gone (or stopped).
+          pass
+    finally:
+      with self._lock:
+        child.copying -= 1
+    self._reclaim(child)
     return chunk
+
+  def _copy_out(self, child: _Child, slot: int) -> Dict[str, np.ndarray]:
+    """A copy of the chunk in `child`'s `slot` (the slot is not handed back yet)."""
+    return {key: view.copy() for key, view in child.slots.slots[slot].items()}
 
   @property
   def steps(self):
@@ -559,11 +666,7 @@ class ProcessActorPool(actor_pool.ActorPool):
         child.process.join(timeout=1.0)
     for child in children:
       child.slots.close(unlink=True)
-      # The last reference to its semaphore: its finalizer unlinks it now (the
-      # trainer ends with os._exit, which runs no finalizer: a "leaked semaphore"
-      # warning otherwise).
-      child.free = None
-      for conn in (child.conn, child.slot_conn):
+      for conn in (child.conn, child.slot_conn, child.free):
         try:
           conn.close()
         except OSError:
@@ -573,3 +676,29 @@ class ProcessActorPool(actor_pool.ActorPool):
           self._steps_done, self._weights.header[_STEPS:])]
       weights, self._weights = self._weights, None
       weights.close(unlink=True)
+
+
+def check_shm_space(nbytes: int, directory: Optional[str] = None):
+  """Raises ActorPoolError (one line) when `directory` has less than `nbytes` free.
+
+  Args:
+    nbytes: the bytes the run's shared blocks take (chunks and weights), with
+      one spare set for a replaced child.
+    directory: the shared-memory file system (default `SHM_DIR`); not checked
+      where it does not exist (not Linux).
+  """
+  directory = directory or SHM_DIR
+  try:
+    free = shutil.disk_usage(directory).free
+  except OSError:
+    return
+  if free < nbytes:
+    raise actor_pool.ActorPoolError(
+        f'--actor_backend=processes needs {_mib(nbytes)} of shared memory in '
+        f'{directory} and {_mib(free)} is free: give the container more (docker '
+        '--shm-size), or lower --num_actors, --learner_queue_size, '
+        '--num_envs_per_actor or --unroll_length, or use --actor_backend=threads')
+
+
+def _mib(nbytes: int) -> str:
+  return f'{nbytes / 2**20:.1f} MiB'

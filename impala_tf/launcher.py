@@ -9,7 +9,9 @@ program on every worker, TensorFlow's convention (`impala_tf.distribute`). Worke
 * prints one line at start naming the ports, which TensorFlow's gRPC server opens
   on all interfaces (it has no bind-address option; docs/scaling.md);
 * forwards SIGINT and SIGTERM to every worker; they agree to stop at the same
-  learner step through the strategy, checkpoint and exit;
+  learner step through the strategy, checkpoint and exit (the handler only
+  records the signal, in a `SignalInbox`, and the supervising loop sends it: a
+  handler that took a lock the interrupted code held would hang the launcher);
 * when a worker dies (an exit status other than 0, or a signal) while others run,
   prints one line naming it, sends SIGTERM to the others and kills (SIGKILL) any
   still running `timeout_secs` after the death; the same deadline applies after a
@@ -20,14 +22,14 @@ program on every worker, TensorFlow's convention (`impala_tf.distribute`). Worke
 This module reads no flags; `impala_tf.train` calls it.
 """
 
+import collections
 import ctypes
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from impala_tf import distribute
 from impala_tf import quiet
@@ -43,6 +45,63 @@ def _die_with_parent():  # Runs in the child between fork and exec.
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
   except OSError:
     pass  # Not Linux: the launcher's own handlers still stop the workers.
+
+
+class SignalInbox:
+  """SIGINT and SIGTERM, received by a handler that takes no lock.
+
+  A Python signal handler runs in the main thread between two bytecodes of
+  whatever it interrupted; one that waited for a lock the interrupted code holds
+  would wait forever. `install` sets a handler that only appends the signal to a
+  deque (atomic) and starts the stop deadline; the supervising loop `take`s the
+  signals and acts on them. `install` and `restore`, or a `with` block, put the
+  handler in place and the old ones back.
+
+  Args:
+    timeout_secs: the deadline, counted from the first signal.
+  """
+
+  def __init__(self, timeout_secs: float):
+    self._timeout = timeout_secs
+    self._pending = collections.deque()
+    self.deadline: Optional[float] = None
+    self._old: Dict[int, Callable] = {}
+
+  def _handler(self, signum, frame):
+    del frame
+    self._pending.append(signum)
+    if self.deadline is None:
+      self.deadline = time.monotonic() + self._timeout
+
+  def start_deadline(self, now: float):
+    """Starts the deadline at `now` unless a signal started it already."""
+    if self.deadline is None:
+      self.deadline = now + self._timeout
+
+  def take(self) -> List[int]:
+    """The signals received since the last call, oldest first."""
+    out = []
+    while self._pending:
+      out.append(self._pending.popleft())
+    return out
+
+  def install(self) -> 'SignalInbox':
+    """Sets the handler (main thread only); returns self."""
+    self._old = {s: signal.signal(s, self._handler)
+                 for s in (signal.SIGINT, signal.SIGTERM)}
+    return self
+
+  def restore(self):
+    """Puts back the handlers `install` replaced."""
+    for s, handler in self._old.items():
+      signal.signal(s, handler)
+    self._old = {}
+
+  def __enter__(self):
+    return self.install()
+
+  def __exit__(self, *exc):
+    self.restore()
 
 
 def _describe(returncode: int) -> str:
@@ -103,79 +162,65 @@ def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
   ports = list(ports) if ports else distribute.free_local_ports(num_workers)
   print(distribute.exposure_line(ports), flush=True)
   procs: List[subprocess.Popen] = []
-  lock = threading.Lock()
-  state = {'deadline': None, 'signal': None}
-
-  def forward(signum, frame):
-    del frame
-    with lock:
-      state['signal'] = signum
-      if state['deadline'] is None:
-        state['deadline'] = time.monotonic() + timeout_secs
-      for p in procs:
-        if p.poll() is None:
-          try:
-            p.send_signal(signum)
-          except OSError:
-            pass
-
-  old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
   failed = False
-  try:
-    for spec in worker_commands(args, num_workers, ports):
-      with lock:
+  with SignalInbox(timeout_secs) as inbox:
+    try:
+      for spec in worker_commands(args, num_workers, ports):
         # Its own session: a terminal's Ctrl-C reaches the launcher, which
         # forwards it once.
         procs.append(subprocess.Popen(spec['argv'], env=spec['env'],
                                       start_new_session=True,
                                       preexec_fn=_die_with_parent))
-    reported = set()
-    while True:
-      codes = [p.poll() for p in procs]
-      if all(c is not None for c in codes):
-        break
-      now = time.monotonic()
-      for i, code in enumerate(codes):
-        if code is None or i in reported:
-          continue
-        reported.add(i)
-        with lock:
-          if state['deadline'] is None:
-            state['deadline'] = now + timeout_secs
-        if code != 0 and not failed:
-          failed = True
-          print(f'{prog}: error: learner worker {i} (pid {procs[i].pid}) '
-                f'{_describe(code)}; stopping the other '
-                f'{sum(c is None for c in codes)} worker(s) within '
-                f'{timeout_secs:g} s (--learner_worker_timeout_secs); the newest '
-                'checkpoint is kept: rerun the same command to resume',
-                file=sys.stderr, flush=True)
+      reported = set()
+      while True:
+        for signum in inbox.take():
           for p in procs:
             if p.poll() is None:
               try:
-                p.terminate()
+                p.send_signal(signum)
               except OSError:
                 pass
-      if state['deadline'] is not None and now >= state['deadline']:
-        late = [i for i, p in enumerate(procs) if p.poll() is None]
-        for i in late:
-          procs[i].kill()
-        for i in late:
-          procs[i].wait()
-        if late and not failed:
-          print(f'{prog}: error: learner worker(s) {", ".join(map(str, late))} did '
-                f'not stop within {timeout_secs:g} s '
-                '(--learner_worker_timeout_secs); killed', file=sys.stderr,
-                flush=True)
-        failed = failed or bool(late)
-        break
-      time.sleep(_POLL_SECS)
-  finally:
-    for p in procs:  # An exception above: leave nothing behind.
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-    for s, handler in old.items():
-      signal.signal(s, handler)
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+          break
+        now = time.monotonic()
+        for i, code in enumerate(codes):
+          if code is None or i in reported:
+            continue
+          reported.add(i)
+          inbox.start_deadline(now)
+          if code != 0 and not failed:
+            failed = True
+            print(f'{prog}: error: learner worker {i} (pid {procs[i].pid}) '
+                  f'{_describe(code)}; stopping the other '
+                  f'{sum(c is None for c in codes)} worker(s) within '
+                  f'{timeout_secs:g} s (--learner_worker_timeout_secs); the newest '
+                  'checkpoint is kept: rerun the same command to resume',
+                  file=sys.stderr, flush=True)
+            for p in procs:
+              if p.poll() is None:
+                try:
+                  p.terminate()
+                except OSError:
+                  pass
+        if inbox.deadline is not None and now >= inbox.deadline:
+          late = [i for i, p in enumerate(procs) if p.poll() is None]
+          for i in late:
+            procs[i].kill()
+          for i in late:
+            procs[i].wait()
+          if late and not failed:
+            print(f'{prog}: error: learner worker(s) {", ".join(map(str, late))} '
+                  'did not stop within '
+                  f'{timeout_secs:g} s (--learner_worker_timeout_secs); killed',
+                  file=sys.stderr, flush=True)
+          failed = failed or bool(late)
+          break
+        time.sleep(_POLL_SECS)
+    finally:
+      for p in procs:  # An exception above: leave nothing behind.
+        if p.poll() is None:
+          p.kill()
+          p.wait()
   codes = [p.returncode for p in procs]
   return 0 if not failed and all(c == 0 for c in codes) else 1

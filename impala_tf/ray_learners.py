@@ -154,19 +154,10 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
   actor_cls = ray.remote(LearnerWorker).options(
       **_actor_options(config.ray_learner_resources_dict))
   workers = []
-  state = {'deadline': None, 'signal': None}
-  lock = threading.Lock()
-
-  def forward(signum, frame):
-    # Only records it: the loop below sends it (Ray calls from a signal handler,
-    # which interrupted a Ray call, did not reach the actors).
-    del frame
-    with lock:
-      state['signal'] = signum
-      if state['deadline'] is None:
-        state['deadline'] = time.monotonic() + timeout
-
-  old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+  # The handler only records a signal; the loop below sends it (Ray calls from a
+  # signal handler, which interrupted a Ray call, did not reach the actors; and
+  # a handler that took a lock would hang on one the loop held).
+  inbox = launcher.SignalInbox(timeout).install()
   failed = False
   try:
     workers.extend(actor_cls.remote() for _ in range(num))
@@ -194,9 +185,7 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
       refs.append(w.run.remote(argv, env, os.getcwd()))
     codes: List[Optional[int]] = [None] * num
     while any(c is None for c in codes):
-      with lock:
-        signum, state['signal'] = state['signal'], None
-      if signum is not None:
+      for signum in inbox.take()[-1:]:
         sent = ray.get([w.signal.remote(signum) for j, w in enumerate(workers)
                         if codes[j] is None], timeout=30)
         logging.info('Forwarded signal %d to %d learner worker(s).', signum,
@@ -215,9 +204,7 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
         except ray.exceptions.RayError as e:  # The actor or its node died.
           codes[i] = -1
           what = f'was lost by Ray ({type(e).__name__})'
-        with lock:
-          if state['deadline'] is None:
-            state['deadline'] = now + timeout
+        inbox.start_deadline(now)
         if codes[i] != 0 and not failed:
           failed = True
           print(f'{prog}: error: learner worker {i} ({addresses[i]}) {what}; '
@@ -227,7 +214,7 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
           for j, w in enumerate(workers):
             if codes[j] is None:
               w.signal.remote(signal.SIGTERM)
-      if state['deadline'] is not None and now >= state['deadline']:
+      if inbox.deadline is not None and now >= inbox.deadline:
         late = [i for i, c in enumerate(codes) if c is None]
         if late:
           if not failed:
@@ -244,6 +231,5 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
       except Exception:  # pylint: disable=broad-except
         pass  # Dead already; ray.kill below ends what is left.
       ray.kill(w)
-    for s, handler in old.items():
-      signal.signal(s, handler)
+    inbox.restore()
     session.close()

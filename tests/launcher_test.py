@@ -7,6 +7,7 @@ checked in seconds; tests/train_test.py runs real workers end to end.
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -88,16 +89,72 @@ def test_signals_are_forwarded_and_a_clean_stop_exits_0(monkeypatch, tmp_path):
           'time.sleep(60)\n')
   _fake_workers(monkeypatch, [body.replace('{i}', str(i)) for i in range(2)])
   timer = threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGTERM))
+  before = lambda signum, frame: None
+  old = signal.signal(signal.SIGTERM, before)
   timer.start()
   try:
     code = launcher.launch_local([], 2, timeout_secs=20.0, prog='prog', ports=[1, 2])
+    # The handler the launcher replaced is back.
+    assert signal.getsignal(signal.SIGTERM) is before
   finally:
     timer.cancel()
+    signal.signal(signal.SIGTERM, old)
   assert code == 0
   for i in range(2):
     assert (tmp_path / f'w{i}').read_text() == str(int(signal.SIGTERM))
-  # The launcher's own handlers are restored.
-  assert signal.getsignal(signal.SIGTERM) is not launcher.launch_local
+
+
+_SIGNAL_WHILE_STARTING = r"""
+import os, signal, subprocess, sys, time
+from impala_tf import launcher
+real = subprocess.Popen
+def popen(argv, **kwargs):
+  proc = real(argv, **kwargs)
+  ready = os.path.join(sys.argv[1], str(proc.pid))
+  while not os.path.exists(ready):
+    time.sleep(0.01)
+  # A Ctrl-C or SIGTERM while the launcher is inside its start-up code: the
+  # handler runs here, between two bytecodes of the launcher's own code.
+  os.kill(os.getpid(), signal.SIGTERM)
+  return proc
+launcher.subprocess.Popen = popen
+body = ('import os, signal, sys, time\n'
+        'def stop(s, f):\n'
+        '  signal.signal(signal.SIGTERM, signal.SIG_IGN)  # One is enough.\n'
+        '  sys.exit(0)\n'
+        'signal.signal(signal.SIGTERM, stop)\n'
+        f'open(os.path.join({sys.argv[1]!r}, str(os.getpid())), "w").close()\n'
+        'time.sleep(60)\n')
+launcher.worker_commands = lambda args, n, ports: [
+    {'argv': [sys.executable, '-c', body], 'env': dict(os.environ)}] * n
+sys.exit(launcher.launch_local([], 2, timeout_secs=20.0, ports=[1, 2]))
+"""
+
+
+def test_a_signal_while_the_workers_start_is_forwarded_not_a_hang(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, '-c', _SIGNAL_WHILE_STARTING, str(tmp_path)],
+      capture_output=True, text=True, timeout=60, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert len(os.listdir(tmp_path)) == 2  # Both workers started, then stopped.
+
+
+def test_the_signal_inbox_records_signals_and_the_deadline():
+  inbox = launcher.SignalInbox(5.0)
+  old = signal.getsignal(signal.SIGINT)
+  with inbox:
+    assert signal.getsignal(signal.SIGINT) == inbox._handler  # pylint: disable=protected-access
+    start = time.monotonic()
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+    assert inbox.take() == [signal.SIGINT, signal.SIGTERM]
+    assert inbox.take() == []
+    assert start + 5.0 <= inbox.deadline <= time.monotonic() + 5.0
+    first = inbox.deadline
+    inbox.start_deadline(time.monotonic() + 100)
+    assert inbox.deadline == first
+  assert signal.getsignal(signal.SIGINT) is old
 
 
 @pytest.mark.parametrize('code, text', [(-9, 'was killed by SIGKILL'),

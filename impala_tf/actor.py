@@ -168,19 +168,25 @@ class Actor:
     # One dispatch for all variables instead of one per variable.
     self._assign = tf.function(assign, autograph=False)
 
+  # Acting runs on the CPU, where the actor's copy of the variables lives
+  # (`actor_pool.make_actor`), also on a GPU host: a batch of one actor's envs is
+  # small, and the GPUs are the learner's (docs/scaling.md).
+
   def _policy_step(self, observation, prev_action, reward, first, state):
     """Recurrent policy: logits float32 `[B, A]` and the new core state."""
-    inputs = types.AgentInput(observation, prev_action, reward, first)
-    out, new_state = self._network.step(inputs, state)
-    return out.policy_logits, new_state
+    with tf.device('/cpu:0'):
+      inputs = types.AgentInput(observation, prev_action, reward, first)
+      out, new_state = self._network.step(inputs, state)
+      return out.policy_logits, new_state
 
   def _policy_step_feedforward(self, observation):
     """Feed-forward policy: only the observation crosses into TensorFlow."""
-    b = tf.shape(observation)[0]
-    inputs = types.AgentInput(observation, tf.zeros([b], tf.int32),
-                              tf.zeros([b], tf.float32), tf.zeros([b], tf.bool))
-    out, _ = self._network.step(inputs, ())
-    return out.policy_logits
+    with tf.device('/cpu:0'):
+      b = tf.shape(observation)[0]
+      inputs = types.AgentInput(observation, tf.zeros([b], tf.int32),
+                                tf.zeros([b], tf.float32), tf.zeros([b], tf.bool))
+      out, _ = self._network.step(inputs, ())
+      return out.policy_logits
 
   def _sample(self, logits: np.ndarray) -> np.ndarray:
     """Samples actions int32 `[B]` from logits `[B, A]` (Gumbel-max, numpy)."""

@@ -625,6 +625,12 @@ def _validate(c: Config):
           'shared_torso',
           'must be True unless --network is mlp or auto (vector observations) and '
           '--use_lstm is off: a separate value torso is a second MLP')
+  if c.learner_backend == 'ray' and c.num_learner_workers > 1 and c.num_gpus:
+    asked = c.ray_learner_resources_dict.get('GPU', 0)
+    require(asked >= c.num_gpus, 'ray_learner_resources',
+            f'must ask for "GPU": {c.num_gpus} or more with --num_gpus={c.num_gpus} '
+            f'(it asks for {asked:g}): Ray gives each learner worker only the GPUs '
+            'it reserved, so without them workers would share or miss GPUs')
   need = max(1, math.ceil(c.replay_proportion))
   require(c.replay_proportion == 0 or c.replay_buffer_num_slots >= need,
           'replay_buffer_num_slots',

@@ -17,7 +17,11 @@ program on every worker, TensorFlow's convention (`impala_tf.distribute`). Worke
   still running `timeout_secs` after the death; the same deadline applies after a
   forwarded signal and after a worker ends normally while others go on;
 * leaves no worker behind: each worker also gets SIGTERM if the launcher itself
-  dies (Linux `PR_SET_PDEATHSIG`).
+  dies (Linux `PR_SET_PDEATHSIG`);
+* gives each worker GPUs of its own: worker i sees (`CUDA_VISIBLE_DEVICES`) the
+  i-th group of `--num_gpus` of the GPUs the launcher sees
+  (`gpu_assignment`), and a worker with `--num_gpus=0` sees none, so no two
+  workers open the same GPU and none reserves a GPU it does not use.
 
 This module reads no flags; `impala_tf.train` calls it.
 """
@@ -31,6 +35,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from impala_tf import config as config_lib
 from impala_tf import distribute
 from impala_tf import quiet
 
@@ -114,18 +119,56 @@ def _describe(returncode: int) -> str:
   return f'exited with status {returncode}'
 
 
-def worker_commands(args: Sequence[str], num_workers: int,
-                    ports: Sequence[int]) -> List[dict]:
+CUDA_VISIBLE_DEVICES = 'CUDA_VISIBLE_DEVICES'
+
+
+def gpu_assignment(num_workers: int, num_gpus: int, num_visible: int,
+                   visible: Optional[str] = None) -> List[str]:
+  """Each worker's `CUDA_VISIBLE_DEVICES`: its own `num_gpus` GPUs, or none.
+
+  Args:
+    num_workers: N learner workers on this host.
+    num_gpus: G, --num_gpus (GPUs per worker).
+    num_visible: the GPUs this process sees (TensorFlow's count).
+    visible: this process's CUDA_VISIBLE_DEVICES (default: the environment's);
+      its entries are what the workers share out, in order.
+
+  Returns:
+    N strings: worker i gets entries [i*G, (i+1)*G); '' (no GPU) when G is 0.
+
+  Raises:
+    config.ConfigError: naming num_gpus when N*G GPUs are not visible.
+  """
+  if num_gpus == 0:
+    return [''] * num_workers
+  visible = os.environ.get(CUDA_VISIBLE_DEVICES) if visible is None else visible
+  ids = ([v.strip() for v in visible.split(',') if v.strip()] if visible
+         else [str(i) for i in range(num_visible)])[:num_visible]
+  need = num_workers * num_gpus
+  if len(ids) < need:
+    raise config_lib.ConfigError(
+        'num_gpus', num_gpus,
+        f'is per learner worker: --num_learner_workers={num_workers} x '
+        f'--num_gpus={num_gpus} needs {need} GPUs on this host and {len(ids)} are '
+        f'visible; lower --num_gpus to <= {len(ids) // num_workers} or start '
+        'workers on other hosts (docs/scaling.md)')
+  return [','.join(ids[i * num_gpus:(i + 1) * num_gpus]) for i in range(num_workers)]
+
+
+def worker_commands(args: Sequence[str], num_workers: int, ports: Sequence[int],
+                    cuda_devices: Optional[Sequence[str]] = None) -> List[dict]:
   """The command and environment of each worker.
 
   Args:
     args: the command-line arguments to repeat (flags, no program name).
     num_workers: N.
     ports: N ports on 127.0.0.1.
+    cuda_devices: N CUDA_VISIBLE_DEVICES values (`gpu_assignment`); None keeps
+      this process's.
 
   Returns:
     N dicts with `argv` (list of str) and `env` (the environment: this one plus
-    TF_CONFIG and LAUNCHED_ENV).
+    TF_CONFIG, LAUNCHED_ENV and CUDA_VISIBLE_DEVICES).
   """
   cluster = distribute.Cluster(tuple(f'127.0.0.1:{p}' for p in ports), 0)
   out = []
@@ -133,6 +176,8 @@ def worker_commands(args: Sequence[str], num_workers: int,
     env = dict(os.environ)
     env[distribute.TF_CONFIG] = cluster.tf_config(i)
     env[LAUNCHED_ENV] = '1'
+    if cuda_devices is not None:
+      env[CUDA_VISIBLE_DEVICES] = cuda_devices[i]
     # TensorFlow's C++ errors when a peer dies (several lines per worker) would
     # bury the launcher's one line naming the worker; TF_CPP_MIN_LOG_LEVEL set
     # by the user is kept.
@@ -146,7 +191,8 @@ def worker_commands(args: Sequence[str], num_workers: int,
 
 def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
                  prog: str = 'impala_tf.train',
-                 ports: Optional[Sequence[int]] = None) -> int:
+                 ports: Optional[Sequence[int]] = None,
+                 cuda_devices: Optional[Sequence[str]] = None) -> int:
   """Runs and supervises the workers (module docstring); returns an exit status.
 
   Args:
@@ -155,6 +201,8 @@ def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
     timeout_secs: --learner_worker_timeout_secs.
     prog: the program name of the one-line messages.
     ports: the workers' ports (default: free ones, chosen now).
+    cuda_devices: each worker's CUDA_VISIBLE_DEVICES (`gpu_assignment`); None
+      keeps the launcher's.
 
   Returns:
     0 when every worker exited with 0, else 1.
@@ -165,7 +213,7 @@ def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
   failed = False
   with SignalInbox(timeout_secs) as inbox:
     try:
-      for spec in worker_commands(args, num_workers, ports):
+      for spec in worker_commands(args, num_workers, ports, cuda_devices):
         # Its own session: a terminal's Ctrl-C reaches the launcher, which
         # forwards it once.
         procs.append(subprocess.Popen(spec['argv'], env=spec['env'],

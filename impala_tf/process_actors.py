@@ -84,6 +84,7 @@ _MAIN_LOCK = threading.Lock()
 _VERSION, _STOP, _SEQ, _CRC, _STEPS = 0, 1, 2, 3, 4
 # Where shared memory lives on Linux; `start` checks its free space.
 SHM_DIR = '/dev/shm'
+CUDA_VISIBLE_DEVICES = 'CUDA_VISIBLE_DEVICES'
 
 Layout = Tuple[Tuple[str, Tuple[int, ...], str], ...]
 
@@ -151,22 +152,34 @@ def _release(shm: shared_memory.SharedMemory, unlink: bool):
 
 
 @contextlib.contextmanager
-def _no_main_module():
-  """Starts `spawn` children without re-importing the parent's `__main__`.
+def _child_start():
+  """Starts a `spawn` child without the parent's `__main__` and without GPUs.
 
   `spawn` runs the parent's main script (or `-m` module) again in every child
   before its target, which fails for a script without an `if __name__ ==
   '__main__'` guard and costs every child the script's imports. The child's
   target lives in this module, so it needs nothing of `__main__`.
+
+  A child acts on the CPU (its network's variables are there), yet runs
+  TensorFlow: with the GPUs visible, each would open a CUDA context on them and
+  TensorFlow's default near-total reservation of their memory. The child's
+  environment says `CUDA_VISIBLE_DEVICES=` (set in this process for the moment of
+  the start, under a lock).
   """
   with _MAIN_LOCK:
     main = sys.modules.get('__main__')
     sys.modules['__main__'] = types_lib.ModuleType('__main__')
+    cuda = os.environ.get(CUDA_VISIBLE_DEVICES)
+    os.environ[CUDA_VISIBLE_DEVICES] = ''
     try:
       yield
     finally:
       if main is not None:
         sys.modules['__main__'] = main
+      if cuda is None:
+        os.environ.pop(CUDA_VISIBLE_DEVICES, None)
+      else:
+        os.environ[CUDA_VISIBLE_DEVICES] = cuda
 
 
 def _views(buf, base: int, fields, offsets) -> Dict[str, np.ndarray]:
@@ -478,7 +491,7 @@ class ProcessActorPool(actor_pool.ActorPool):
     rng.uniform_full_int([2], dtype='int64')
     process = self._ctx.Process(target=_child_main, args=(spec,),
                                 name=f'impala_tf-actor-{actor_id}', daemon=True)
-    with _no_main_module():
+    with _child_start():
       process.start()
     child_conn.close()  # The child's ends: EOF here once the child is gone.
     slot_writer.close()

@@ -76,6 +76,10 @@ def validated_config() -> config_lib.Config:
       flags_lib.exit_with_error(str(e), PROG)
     try:
       distribute.check_gpus(cfg.num_gpus)
+      if _launches_local_workers(cfg):
+        from impala_tf import launcher  # pylint: disable=g-import-not-at-top
+        launcher.gpu_assignment(cfg.num_learner_workers, cfg.num_gpus,
+                                len(distribute.visible_gpus()) if cfg.num_gpus else 0)
     except config_lib.ConfigError:
       # TensorFlow's start-up lines, dropped as benign, may say why it found no
       # GPU (no driver, cuInit failed): shown before the error.
@@ -83,6 +87,12 @@ def validated_config() -> config_lib.Config:
       raise
     return cfg
   return flags_lib.exit_on_config_error(PROG, build)
+
+
+def _launches_local_workers(cfg) -> bool:
+  """Whether this process is the local launcher of --num_learner_workers."""
+  return (cfg.num_learner_workers > 1 and cfg.learner_backend == 'local' and
+          not os.environ.get('TF_CONFIG', '').strip())
 
 
 def main(argv):
@@ -97,10 +107,14 @@ def main(argv):
     if cfg.learner_backend == 'ray':
       from impala_tf import ray_learners  # pylint: disable=g-import-not-at-top
       _exit_now(ray_learners.launch_ray(argv_without_program(), cfg, PROG))
+    from impala_tf import distribute  # pylint: disable=g-import-not-at-top
     from impala_tf import launcher  # pylint: disable=g-import-not-at-top
+    devices = launcher.gpu_assignment(  # Checked in validated_config.
+        cfg.num_learner_workers, cfg.num_gpus,
+        len(distribute.visible_gpus()) if cfg.num_gpus else 0)
     _exit_now(launcher.launch_local(
         argv_without_program(), cfg.num_learner_workers,
-        cfg.learner_worker_timeout_secs, PROG))
+        cfg.learner_worker_timeout_secs, PROG, cuda_devices=devices))
   from impala_tf import driver  # pylint: disable=g-import-not-at-top
   stop = threading.Event()
   _stop_on_signals(stop)

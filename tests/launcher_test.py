@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from impala_tf import config as config_lib
 from impala_tf import distribute
 from impala_tf import launcher
 from impala_tf import quiet
@@ -41,8 +42,8 @@ def test_worker_commands_name_the_cluster_and_each_index(monkeypatch):
 
 def _fake_workers(monkeypatch, bodies):
   """Makes the launcher start `python -c BODY` for each worker."""
-  def commands(args, num_workers, ports):
-    del args, ports
+  def commands(args, num_workers, ports, cuda_devices=None):
+    del args, ports, cuda_devices
     assert num_workers == len(bodies)
     return [{'argv': [sys.executable, '-c', body], 'env': dict(os.environ)}
             for body in bodies]
@@ -125,7 +126,7 @@ body = ('import os, signal, sys, time\n'
         'signal.signal(signal.SIGTERM, stop)\n'
         f'open(os.path.join({sys.argv[1]!r}, str(os.getpid())), "w").close()\n'
         'time.sleep(60)\n')
-launcher.worker_commands = lambda args, n, ports: [
+launcher.worker_commands = lambda args, n, ports, cuda=None: [
     {'argv': [sys.executable, '-c', body], 'env': dict(os.environ)}] * n
 sys.exit(launcher.launch_local([], 2, timeout_secs=20.0, ports=[1, 2]))
 """
@@ -161,3 +162,22 @@ def test_the_signal_inbox_records_signals_and_the_deadline():
                                         (2, 'exited with status 2')])
 def test_describe(code, text):
   assert launcher._describe(code) == text  # pylint: disable=protected-access
+
+
+def test_each_worker_gets_gpus_of_its_own_or_none(monkeypatch):
+  monkeypatch.delenv(launcher.CUDA_VISIBLE_DEVICES, raising=False)
+  assert launcher.gpu_assignment(2, 2, 4) == ['0,1', '2,3']
+  assert launcher.gpu_assignment(3, 1, 4) == ['0', '1', '2']
+  assert launcher.gpu_assignment(2, 0, 4) == ['', '']  # CPU workers see no GPU.
+  # The launcher's own CUDA_VISIBLE_DEVICES is what is shared out, in its order.
+  monkeypatch.setenv(launcher.CUDA_VISIBLE_DEVICES, '3, 1,0,2')
+  assert launcher.gpu_assignment(2, 2, 4) == ['3,1', '0,2']
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'^num_gpus=2: is per learner worker: '
+                           r'--num_learner_workers=3 x --num_gpus=2 needs 6 GPUs on '
+                           r'this host and 4 are visible; lower --num_gpus to <= 1'):
+    launcher.gpu_assignment(3, 2, 4)
+  specs = launcher.worker_commands([], 2, [1, 2], cuda_devices=['3,1', '0,2'])
+  assert [s['env'][launcher.CUDA_VISIBLE_DEVICES] for s in specs] == ['3,1', '0,2']
+  kept = launcher.worker_commands([], 2, [1, 2])
+  assert [s['env'][launcher.CUDA_VISIBLE_DEVICES] for s in kept] == ['3, 1,0,2'] * 2

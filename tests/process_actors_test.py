@@ -380,3 +380,17 @@ def test_too_little_dev_shm_fails_in_one_line_before_any_child_starts(monkeypatc
     pool.start(0, weights)
   assert not pool._blocks and pool._weights is None  # pylint: disable=protected-access
   pool.stop()
+
+
+def test_children_see_no_gpu_and_the_parent_keeps_its_own(monkeypatch):
+  monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '0,1')
+  pool, _, _, _, weights = _pool()
+  pool.start(0, weights)
+  try:
+    pool.get_chunk()
+    with open(f'/proc/{_children(pool)[0]}/environ', 'rb') as f:
+      env = dict(v.split(b'=', 1) for v in f.read().split(b'\0') if b'=' in v)
+    assert env[b'CUDA_VISIBLE_DEVICES'] == b''
+    assert os.environ['CUDA_VISIBLE_DEVICES'] == '0,1'
+  finally:
+    pool.stop()

@@ -30,7 +30,8 @@ import os
 import signal
 import socket
 import threading
-from typing import Callable, List, Optional, Sequence
+import zlib
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -434,3 +435,62 @@ def sum_over_workers(strategy: tf.distribute.Strategy
   def fn(values):
     return reduce(tf.constant(values, tf.float64)).numpy()
   return fn
+
+
+# Config fields that may differ between learner workers: paths (a shared --logdir
+# may be mounted at different paths), this machine's threads and timeouts, and what
+# only the chief does (logging, checkpoints, evaluation). Every other field must be
+# the same on every worker (`workers_disagree_on`).
+PER_WORKER_FIELDS = frozenset({
+    'logdir', 'envpool_num_threads', 'tf_inter_op_threads', 'env_step_timeout_secs',
+    'actor_unroll_timeout_secs', 'learner_queue_timeout',
+    'learner_worker_timeout_secs', 'ray_address', 'ray_connect_timeout_secs',
+    'ray_placement_timeout_secs', 'max_actor_restarts', 'log_interval_secs',
+    'checkpoint_interval_secs', 'keep_checkpoints', 'eval_interval_frames',
+    'eval_episodes', 'eval_greedy', 'loss_term_grad_norms'})
+
+_HASH_BITS = 24  # Exact in float64 sums over any number of workers and replicas.
+
+
+def small_hash(data: bytes) -> int:
+  """A 24-bit CRC of `data` (what the workers compare)."""
+  return zlib.crc32(data) & ((1 << _HASH_BITS) - 1)
+
+
+def config_fingerprint(config: config_lib.Config) -> Dict[str, int]:
+  """`{'--FIELD': 24-bit hash of its value}` for the fields every worker must share."""
+  return {f'--{k}': small_hash(repr(v).encode())
+          for k, v in sorted(config.to_dict().items())
+          if k not in PER_WORKER_FIELDS}
+
+
+def weights_hash(weights: Sequence[np.ndarray]) -> int:
+  """A 24-bit CRC of the weights' bytes (float32 arrays, in order)."""
+  crc = 0
+  for w in weights:
+    crc = zlib.crc32(np.ascontiguousarray(w), crc)
+  return crc & ((1 << _HASH_BITS) - 1)
+
+
+def workers_disagree_on(sum_fn: Callable[[Sequence[float]], np.ndarray],
+                        values: Dict[str, int], num_workers: int) -> List[str]:
+  """The names whose value is not the same on every learner worker.
+
+  Two all-reduces (`sum_fn`, from `sum_over_workers`): the sums, then which
+  names some worker found to differ from the mean, so every worker returns the
+  same list. Every worker must call it at the same point with the same names.
+
+  Args:
+    sum_fn: sums a float64 vector over the workers.
+    values: name -> integer in [0, 2**31) (hashes, steps).
+    num_workers: W.
+
+  Returns:
+    The differing names, sorted; [] when all agree.
+  """
+  names = sorted(values)
+  mine = np.array([float(values[n]) for n in names], np.float64)
+  total = np.asarray(sum_fn(mine), np.float64)
+  differs = (np.abs(mine * num_workers - total) > 0.25).astype(np.float64)
+  seen = np.asarray(sum_fn(differs), np.float64)
+  return [n for n, d in zip(names, seen) if d > 0]

@@ -324,6 +324,12 @@ class _Run:
     if learning_changes:
       rundir.warn(rundir.learning_warning(learning_changes))
     self.strategy = strategy
+    self._sum_over_workers = (distribute.sum_over_workers(strategy) if self.multi
+                              else None)
+    if self.multi:  # Before anything is built: a flag that differs is one line.
+      self._check_workers_agree(distribute.config_fingerprint(config),
+                                'flag(s) {}: start every worker with the same '
+                                'flags')
     self.learner = learner_lib.Learner(
         config, lambda: networks.make_network(config, self.obs_space,
                                               self.action_space),
@@ -376,8 +382,12 @@ class _Run:
     self.agreed = {'env_frames': self.base_env_frames,
                    'episodes': self.base_episodes,
                    'summary': self.episode_log.summary()}
-    self._sum_over_workers = (distribute.sum_over_workers(strategy) if self.multi
-                              else None)
+    if self.multi:  # Replicas that start apart would drift while they all-reduce.
+      self._check_workers_agree(
+          {'learner step': int(self.learner.learner_steps.numpy()),
+           'weights': distribute.weights_hash(self.learner.get_weights())},
+          '{} after the restore: every worker must restore the same checkpoint '
+          "(--logdir one directory all of them share, the chief's)")
     ring = config.minibatch_buffer_size * config.num_sgd_iter
     self._learner_reuse = learner_lib.reuse_in_call(config)
     self.agree_rings = max(1, math.ceil(AGREE_EVERY_STEPS / ring))
@@ -389,6 +399,21 @@ class _Run:
     self.nonfinite_error: Optional[TrainingError] = None
     self.steps_run = 0  # Learner steps of this call (read by the stop watcher).
     self.evaluator: Optional[periodic_eval.PeriodicEvaluator] = None
+
+  def _check_workers_agree(self, values: Dict[str, int], what: str):
+    """Raises TrainingError (one line) when the workers' `values` differ.
+
+    Args:
+      values: name -> integer, the same names on every worker.
+      what: the message's tail; '{}' becomes the differing names.
+    """
+    differ = distribute.workers_disagree_on(self._sum_over_workers, values,
+                                            self.num_workers)
+    if differ:
+      raise TrainingError(
+          f'learner worker {self.worker_index}: the {self.num_workers} learner '
+          f'workers differ in {what.format(", ".join(differ))}; nothing was '
+          'trained')
 
   def _restore(self) -> Optional[str]:
     """Restores the latest checkpoint (if any) and writes config.json."""

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -418,3 +419,50 @@ def test_two_workers_give_the_update_of_two_devices(tmp_path):
       assert two['diags']['policy_lag_max'] == 4
       assert two['diags']['policy_lag_sum'] == 7
       assert two['counters'] == one['counters'] == [6, 2 * 5, 4 * 5]
+
+
+def test_config_fingerprint_covers_learning_fields_not_per_worker_ones():
+  base = config_lib.Config()
+  fp = distribute.config_fingerprint(base)
+  assert '--learning_rate' in fp and '--grad_clip' in fp and '--seed' in fp
+  assert not {f'--{f}' for f in distribute.PER_WORKER_FIELDS} & set(fp)
+  assert distribute.config_fingerprint(base.replace(logdir='/elsewhere')) == fp
+  other = distribute.config_fingerprint(base.replace(grad_clip=base.grad_clip * 2))
+  assert [k for k in fp if fp[k] != other[k]] == ['--grad_clip']
+  assert all(0 <= v < 2**24 for v in fp.values())
+
+
+def test_workers_disagree_on_names_what_differs_on_every_worker():
+  """Three workers as threads; the all-reduce is a barrier-backed sum."""
+  values = [{'a': 5, 'b': 7, 'c': 2**23}, {'a': 5, 'b': 8, 'c': 2**23},
+            {'a': 5, 'b': 7, 'c': 2**23}]
+  barrier = threading.Barrier(3)
+  slots = [None] * 3
+
+  def sum_fn_for(i):
+    def sum_fn(x):
+      slots[i] = np.asarray(x, np.float64)
+      barrier.wait()
+      total = np.sum(slots, axis=0)
+      barrier.wait()  # Everyone read the sum before the next call writes.
+      return total
+    return sum_fn
+
+  results = [None] * 3
+
+  def worker(i):
+    results[i] = distribute.workers_disagree_on(sum_fn_for(i), values[i], 3)
+  threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=10)
+  assert results == [['b'], ['b'], ['b']]
+  values[1]['b'] = 7  # All agree.
+  results[:] = [None] * 3
+  threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=10)
+  assert results == [[], [], []]

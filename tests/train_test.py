@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from flags_test import BAD_INPUTS
+from impala_tf import distribute
 from impala_tf import flags as flags_lib
 from impala_tf import testing
 
@@ -605,6 +606,40 @@ def test_bad_tf_config_exits_with_one_line_before_any_work(tmp_path):
       f'{PROG}: error: TF_CONFIG task index 2 is out of range: the cluster has 2 '
       'worker(s), indices 0..1'], proc.stderr[-2000:]
   assert not logdir.exists()
+
+
+def test_hand_started_workers_with_different_flags_stop_in_one_line(tmp_path):
+  logdir = str(tmp_path / 'run')
+  ports = distribute.free_local_ports(2)
+  workers = [f'127.0.0.1:{p}' for p in ports]
+  procs = []
+  start = time.time()
+  try:
+    for i, lr in enumerate(('0.001', '0.002')):
+      env = dict(_env(), TF_CONFIG=json.dumps(
+          {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': i}}))
+      procs.append(subprocess.Popen(
+          _train_cmd(*TINY, f'--learning_rate={lr}', f'--logdir={logdir}',
+                     '--total_environment_frames=100000'),
+          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          text=True))
+    outputs = [p.communicate(timeout=150) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  took = time.time() - start
+  for i, (p, (_, err)) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 1, err[-3000:]
+    assert _own_stderr_lines(err)[-1] == (
+        f'{PROG}: error: learner worker {i}: the 2 learner workers differ in '
+        'flag(s) --learning_rate: start every worker with the same flags; nothing '
+        'was trained'), err[-3000:]
+  assert took < 90, took  # Both start-ups (about 10-20 s each here) and the check.
+  metrics = os.path.join(logdir, 'metrics.jsonl')
+  assert not os.path.exists(metrics) or all(
+      m['learner_steps'] == 0 for m in _metrics(logdir))
 
 
 def test_two_learner_workers_train_resume_and_leave_nothing_behind(tmp_path):

@@ -399,6 +399,10 @@ class _Run:
     self.nonfinite_error: Optional[TrainingError] = None
     self.steps_run = 0  # Learner steps of this call (read by the stop watcher).
     self.evaluator: Optional[periodic_eval.PeriodicEvaluator] = None
+    self.source: Optional[data.ChunkSource] = None
+    # Set on the other workers when the agreement says one worker's actors or
+    # data failed: they stop with a line naming it (its own line says why).
+    self.other_failed: Optional[TrainingError] = None
 
   def _check_workers_agree(self, values: Dict[str, int], what: str):
     """Raises TrainingError (one line) when the workers' `values` differ.
@@ -466,7 +470,7 @@ class _Run:
       replay = replay_lib.ReplayBuffer(
           config.replay_buffer_num_slots, config.replay_proportion,
           seed=self.actor_config.seed + self.num_resumes * 1_000_003)
-    source = data.ChunkSource(self.pool.get_chunk, replay)
+    source = self.source = data.ChunkSource(self.pool.get_chunk, replay)
     dataset = self._dataset(source)
     self.writer = (metrics_lib.MetricsWriter(config.logdir, config.to_dict())
                    if self.chief else None)
@@ -535,7 +539,7 @@ class _Run:
         self.writer.close()
     def fatal():
       return [e for e in (self.peer_error, self.nonfinite_error, self.pool.error,
-                          source.error)
+                          source.error, self.other_failed)
               if e is not None]
     try:
       if not fatal():
@@ -543,9 +547,12 @@ class _Run:
     finally:
       stopper.join()
     if fatal():
-      kind = (PeerLostError if isinstance(fatal()[0], PeerLostError) else
-              TrainingError)
-      raise kind(str(fatal()[0])) from fatal()[0]
+      error = fatal()[0]
+      kind = PeerLostError if isinstance(error, PeerLostError) else TrainingError
+      message = str(error)
+      if self.multi and not message.startswith('learner worker '):
+        message = f'learner worker {self.worker_index}: {message}'
+      raise kind(message) from error
     return RunResult(final, config.logdir, reached_target, interrupted)
 
   def _end_data_on_stop(self, loop_done: threading.Event):
@@ -669,9 +676,14 @@ class _Run:
     config = self.config
     s = self.episode_log.summary()
     n = s['episodes_in_mean']
+    # A failed actor pool or data source (a loader timed out): a worker whose
+    # data stopped would otherwise step on with empty shards of the batch while
+    # the others' data trains. Bit i: worker i failed (exact in float64 up to 52).
+    failed = self.pool.error is not None or (
+        self.source is not None and self.source.error is not None)
     values = [
         float(self.stop.is_set() or self.internal_stop.is_set()),
-        float(self.pool.error is not None),
+        float(2 ** min(self.worker_index, 52)) if failed else 0.0,
         float(self.pool.steps * self.repeat),
         float(self.episode_log.count - self.base_episodes),
         (s['episode_return_mean'] or 0.0) * n,
@@ -693,6 +705,15 @@ class _Run:
     decision = {'checkpoint': checkpoint > 0, 'stop': None}
     if errors > 0:
       decision['stop'] = (False, False)
+      if not failed:
+        bits = int(round(errors))
+        names = ', '.join(str(i) for i in range(min(self.num_workers, 53))
+                          if bits >> i & 1)
+        self.other_failed = PeerLostError(
+            f'learner worker {self.worker_index}: learner worker(s) {names} '
+            'stopped the run: their actors or their data failed (their own line '
+            'says why); the newest checkpoint in --logdir is intact: rerun the same '
+            'command to resume')
     elif stops > 0:
       decision['stop'] = (False, True)
     elif self.agreed['env_frames'] >= config.total_environment_frames:

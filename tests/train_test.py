@@ -608,21 +608,56 @@ def test_bad_tf_config_exits_with_one_line_before_any_work(tmp_path):
   assert not logdir.exists()
 
 
+def _start_workers(tmp_path, args_of, env_of=lambda i: {}):
+  """Starts 2 learner workers by hand (TF_CONFIG on loopback); returns the procs."""
+  workers = [f'127.0.0.1:{p}' for p in distribute.free_local_ports(2)]
+  procs = []
+  for i in range(2):
+    env = dict(_env(), **env_of(i), TF_CONFIG=json.dumps(
+        {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': i}}))
+    procs.append(subprocess.Popen(
+        _train_cmd(*args_of(i)), cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True))
+  return procs
+
+
+def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
+  # Both workers run the hanging env; only worker 1's envs take a fault token.
+  none = testing.fault_tokens(str(tmp_path / 'none'), 0)
+  tokens = testing.fault_tokens(str(tmp_path / 'tokens'), 8)
+  logdir = str(tmp_path / 'run')
+  args = [a for a in TINY if not a.startswith('--env=')] + [
+      f'--env={testing.faulty_id("hang")}', '--env_vectorization=sync',
+      '--learner_queue_timeout=10', '--total_environment_frames=10000000',
+      f'--logdir={logdir}']
+  start = time.time()
+  procs = _start_workers(tmp_path, lambda i: args, lambda i: {
+      testing.FAULTS_ENV_VAR: tokens if i == 1 else none})
+  try:
+    outputs = [p.communicate(timeout=150) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  took = time.time() - start
+  errors = [_own_stderr_lines(err)[-1] for _, err in outputs]
+  assert [p.returncode for p in procs] == [1, 1], outputs
+  assert errors[1].startswith(
+      f'{PROG}: error: learner worker 1: no unroll reached the learner for 10 s '
+      '(--learner_queue_timeout)'), errors
+  assert errors[0].startswith(
+      f'{PROG}: error: learner worker 0: learner worker(s) 1 stopped the run'), errors
+  assert took < 10 + 30 + 30, took  # Timeout + 30 s, + both start-ups.
+
+
 def test_hand_started_workers_with_different_flags_stop_in_one_line(tmp_path):
   logdir = str(tmp_path / 'run')
-  ports = distribute.free_local_ports(2)
-  workers = [f'127.0.0.1:{p}' for p in ports]
-  procs = []
   start = time.time()
+  procs = _start_workers(tmp_path, lambda i: TINY + [
+      f'--learning_rate={0.001 * (i + 1)}', f'--logdir={logdir}',
+      '--total_environment_frames=100000'])
   try:
-    for i, lr in enumerate(('0.001', '0.002')):
-      env = dict(_env(), TF_CONFIG=json.dumps(
-          {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': i}}))
-      procs.append(subprocess.Popen(
-          _train_cmd(*TINY, f'--learning_rate={lr}', f'--logdir={logdir}',
-                     '--total_environment_frames=100000'),
-          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-          text=True))
     outputs = [p.communicate(timeout=150) for p in procs]
   finally:
     for p in procs:

@@ -3,7 +3,7 @@
 Usage:
   python bench/atari.py [--env=ALE/Pong-v5] [--seconds=90] [--networks=shallow,deep,deep_lstm]
       [--backends=gymnasium,envpool] [--actor_backends=threads,ray] [--env_seconds=15]
-      [--skip_step_vs_bare]
+      [--skip_step_vs_bare] [--flagfile=configs/pong.cfg] [--compare_sb3=PYTHON]
       [-- extra train flags]
 
 Measurements:
@@ -20,7 +20,15 @@ Measurements:
    metrics.jsonl, between the first line after the first learner step and the last
    line: env frames/s (actors), learner frames/s (frames trained; Atari frames =
    agent steps x 4) and learner_wait_fraction.
-2. Per network, in this process, on the same batch shape ([T+1=21, B=16, 84, 84, C] uint8): the
+   With `--flagfile=F` the trainer runs F's setup instead (`--flagfile=F
+   --env_backend=B --actor_backend=A` and the extra flags after it, which override
+   it; `--networks` is then ignored and the row is named after F).
+3. With `--compare_sb3=PYTHON` (an interpreter with stable-baselines3, torch and
+   ale-py): the peer `bench/peers/sb3_ppo_pong_fps.py` (SB3 PPO, RL-Zoo's Atari
+   settings, PongNoFrameskip-v4, CPU) for `--sb3_seconds`, after the trainer rows and
+   alone on the machine; the summary gives each trainer row's env frames/s over
+   SB3's.
+4. Per network, in this process, on the same batch shape ([T+1=21, B=16, 84, 84, C] uint8): the
    time of one `Learner.step` (the tf.data element already on the device, V-trace,
    loss, all-reduce, clipping, RMSProp) next to the bare forward+backward pass of the
    same network (`network.unroll` + a scalar loss + `tape.gradient`, in a
@@ -97,11 +105,17 @@ def env_only_rates(env, backend, seconds):
 
 def trainer_rates(env, name, seconds, extra, workdir, backend='auto',
                   actor_backend='threads'):
-  logdir = os.path.join(workdir, f'{name}_{backend}_{actor_backend}')
-  cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}', f'--env={env}',
-         '--total_environment_frames=100000000', f'--env_backend={backend}',
-         f'--actor_backend={actor_backend}'
-        ] + TRAIN_FLAGS + NETWORKS[name] + extra
+  logdir = os.path.join(workdir, f'{os.path.basename(name)}_{backend}_{actor_backend}')
+  if name.endswith('.cfg'):  # A recorded setup: its flags, these after it.
+    cmd = [sys.executable, '-m', 'impala_tf.train', f'--flagfile={name}',
+           f'--logdir={logdir}', '--total_environment_frames=100000000',
+           f'--env_backend={backend}', f'--actor_backend={actor_backend}',
+           '--log_interval_secs=5', '--eval_interval_frames=0'] + extra
+  else:
+    cmd = [sys.executable, '-m', 'impala_tf.train', f'--logdir={logdir}',
+           f'--env={env}', '--total_environment_frames=100000000',
+           f'--env_backend={backend}', f'--actor_backend={actor_backend}'
+          ] + TRAIN_FLAGS + NETWORKS[name] + extra
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   time.sleep(seconds)
   proc.send_signal(signal.SIGINT)
@@ -201,6 +215,11 @@ def main():
                       help='seconds per env-only measurement; 0 skips them')
   parser.add_argument('--skip_step_vs_bare', action='store_true',
                       help='skip the learner step / bare forward+backward timing')
+  parser.add_argument('--flagfile', default='',
+                      help='run this recorded setup (configs/*.cfg) as the trainer')
+  parser.add_argument('--compare_sb3', default='',
+                      help='python with stable-baselines3: run the SB3 PPO peer too')
+  parser.add_argument('--sb3_seconds', type=float, default=240)
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
   backends = args.backends.split(',')
@@ -211,32 +230,48 @@ def main():
       env_only[backend] = env_only_rates(args.env, backend, args.env_seconds)
       print(json.dumps({backend: env_only[backend]}), file=sys.stderr, flush=True)
   with tempfile.TemporaryDirectory() as workdir:
-    for name in args.networks.split(','):
+    names = [args.flagfile] if args.flagfile else args.networks.split(',')
+    for name in names:
       for backend in backends:
         for actor_backend in args.actor_backends.split(','):
           r = {'network': name, 'env_backend': backend,
-               'actor_backend': actor_backend, 'flags': NETWORKS[name]}
+               'actor_backend': actor_backend,
+               'flags': [f'--flagfile={name}'] if args.flagfile else NETWORKS[name]}
           r.update(trainer_rates(args.env, name, args.seconds, args.extra, workdir,
                                  backend, actor_backend))
           print(json.dumps(r), file=sys.stderr, flush=True)
           results.append(r)
-      if not args.skip_step_vs_bare:
+      if not args.skip_step_vs_bare and not args.flagfile:
         r = {'network': name, 'step_vs_bare': step_vs_bare(args.env, name)}
         print(json.dumps(r), file=sys.stderr, flush=True)
         results.append(r)
-  rates = {(r['env_backend'], r['actor_backend']): r.get('env_fps')
-           for r in results if r.get('network') == 'shallow' and 'env_backend' in r}
   summary = {}
+  if args.compare_sb3:
+    peer = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'peers',
+                        'sb3_ppo_pong_fps.py')
+    out = subprocess.run([args.compare_sb3, peer, f'--seconds={args.sb3_seconds:g}'],
+                         capture_output=True, text=True, check=False)
+    lines = [l for l in out.stdout.splitlines() if l.startswith('{')]
+    sb3 = json.loads(lines[-1]) if lines else {'error': out.stderr[-1000:]}
+    print(json.dumps({'sb3': sb3}), file=sys.stderr, flush=True)
+    results.append({'peer': sb3})
+    for r in results:
+      if r.get('env_fps') and sb3.get('env_frames_per_s'):
+        summary[f"env_fps_over_sb3_ppo_{r['env_backend']}_{r['actor_backend']}"] = (
+            round(r['env_fps'] / sb3['env_frames_per_s'], 2))
+  first = names[0]
+  rates = {(r['env_backend'], r['actor_backend']): r.get('env_fps')
+           for r in results if r.get('network') == first and 'env_backend' in r}
   for actor_backend in args.actor_backends.split(','):
     gym_fps = rates.get(('gymnasium', actor_backend))
     pool_fps = rates.get(('envpool', actor_backend))
     if gym_fps and pool_fps:
-      summary[f'shallow_trainer_env_fps_envpool_over_gymnasium_{actor_backend}'] = (
+      summary[f'trainer_env_fps_envpool_over_gymnasium_{actor_backend}'] = (
           round(pool_fps / gym_fps, 2))
   for backend in backends:
     threads, ray = rates.get((backend, 'threads')), rates.get((backend, 'ray'))
     if threads and ray:
-      summary[f'shallow_trainer_env_fps_ray_over_threads_{backend}'] = round(
+      summary[f'trainer_env_fps_ray_over_threads_{backend}'] = round(
           ray / threads, 2)
   print(json.dumps({
       'benchmark': 'atari_throughput', 'env': args.env,

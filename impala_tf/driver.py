@@ -66,10 +66,29 @@ from impala_tf import saved_policy
 # workers on 2 shared cores). A stop then waits up to this many steps more.
 AGREE_EVERY_STEPS = 16
 
-# Errors of a collective whose peer worker is gone.
+# Errors of a collective whose peer worker may be gone (`is_peer_loss` decides).
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                 tf.errors.CancelledError, tf.errors.AbortedError,
                 tf.errors.InternalError)
+# Words of an InternalError that a lost peer raises (a collective or its
+# transport); any other InternalError (an NCCL or XLA fault of this worker) is
+# this worker's own error.
+_PEER_WORDS = ('collective', 'peer', 'remote', 'socket', 'connect', 'unavailable',
+               '/job:worker/replica:0/task:')
+
+
+def is_peer_loss(error: BaseException) -> bool:
+  """Whether a learner step's error means another learner worker is gone.
+
+  Unavailable, DeadlineExceeded, Cancelled and Aborted are how TensorFlow's
+  collectives fail when a peer stops answering; an InternalError only when it
+  names a collective or its transport.
+  """
+  if isinstance(error, tf.errors.InternalError):
+    text = str(error).lower()
+    return any(w in text for w in _PEER_WORDS)
+  return isinstance(error, _PEER_ERRORS)
+
 
 # Seconds a stop request waits for the learner loop to reach the end of its reuse
 # ring before the actors and the data pipeline are stopped under it.
@@ -497,11 +516,17 @@ class _Run:
     except _PEER_ERRORS as e:
       if not self.multi:
         raise
-      self.peer_error = PeerLostError(
-          f'learner worker {self.worker_index}: another learner worker stopped '
-          f'answering (a collective failed: {_first_line(e)}); the run stops; the '
-          'newest checkpoint in --logdir is intact: rerun the same command to '
-          'resume')
+      if is_peer_loss(e):
+        self.peer_error = PeerLostError(
+            f'learner worker {self.worker_index}: another learner worker stopped '
+            f'answering (a collective failed: {_first_line(e)}); the run stops; '
+            'the newest checkpoint in --logdir is intact: rerun the same command '
+            'to resume')
+      else:  # Its own fault (NCCL, XLA): said even under the launcher.
+        self.peer_error = TrainingError(
+            f'learner worker {self.worker_index}: {type(e).__name__}: '
+            f'{_first_line(e)}; the run stops; the newest checkpoint in --logdir '
+            'is intact')
     finally:
       loop_done.set()
       self.internal_stop.set()

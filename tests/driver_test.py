@@ -641,3 +641,18 @@ def test_lstm_towers_replay_reuse_fake_image(tmp_path):
 
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))
+
+
+@pytest.mark.parametrize('error, lost', [
+    (tf.errors.UnavailableError(None, None, 'Socket closed'), True),
+    (tf.errors.DeadlineExceededError(None, None, 'Deadline exceeded'), True),
+    (tf.errors.CancelledError(None, None, 'Collective ops is aborted by: ...'), True),
+    (tf.errors.AbortedError(None, None, 'Task /job:worker/replica:0/task:1 died'),
+     True),
+    (tf.errors.InternalError(None, None, 'Collective ops is aborted by: peer'), True),
+    (tf.errors.InternalError(None, None, 'NCCL error: unhandled cuda error'), False),
+    (tf.errors.InternalError(None, None, 'XLA compilation failed'), False),
+    (ValueError('no'), False),
+])
+def test_only_errors_of_a_lost_peer_are_read_as_one(error, lost):
+  assert driver.is_peer_loss(error) is lost

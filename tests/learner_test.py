@@ -547,12 +547,15 @@ def _check_call_folds_its_steps(call, group, term_norms):
   assert float(call['data_wait_seconds']) >= 0
 
 
-@pytest.mark.parametrize('term_norms', [False, True])
-def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
+@pytest.mark.parametrize('term_norms, popart', [(False, False), (True, False),
+                                                (False, True)])
+def test_steps_per_call_give_the_updates_of_single_steps(term_norms, popart):
+  # PopArt's statistics move on every step of a call, as over single steps.
+  extra = dict(popart=True, popart_beta=0.3) if popart else {}
   batches = [make_batch(seed=20 + i) for i in range(5)]
-  one = _make_learner(_config(loss_term_grad_norms=term_norms))
+  one = _make_learner(_config(loss_term_grad_norms=term_norms, **extra))
   three = _make_learner(_config(loss_term_grad_norms=term_norms,
-                                learner_steps_per_call=3))
+                                learner_steps_per_call=3, **extra))
   for a, b in zip(one.network.variables, three.network.variables):
     b.assign(a)
   it = _iterator(one, batches)
@@ -566,6 +569,12 @@ def test_steps_per_call_give_the_updates_of_single_steps(term_norms):
   assert [int(c['steps']) for c in calls] == [3, 2]
   assert all(int(s['steps']) == 1 for s in singles)
   _check_same_state(one, three)
+  if popart:  # The statistics moved, and alike.
+    assert float(three.network.popart.mu.numpy()[0]) != 0.0
+    np.testing.assert_allclose(three.network.popart.mu.numpy(),
+                               one.network.popart.mu.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(three.network.popart.nu.numpy(),
+                               one.network.popart.nu.numpy(), rtol=1e-5)
   assert int(three.learner_steps.numpy()) == 5
   for call, group in zip(calls, (singles[:3], singles[3:])):
     _check_call_folds_its_steps(call, group, term_norms)

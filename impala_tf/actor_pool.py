@@ -56,6 +56,17 @@ STOP_JOIN_SECS = 5.0
 # An actor that dies this many times within RESTART_WINDOW_SECS stops the run.
 MAX_RESTARTS = 5
 RESTART_WINDOW_SECS = 60.0
+# An actor process (Ray or `processes`) that died n times in a row (no unroll in
+# between) is replaced after min(RESTART_BACKOFF_MAX_SECS,
+# RESTART_BACKOFF_SECS * 2**(n - 1)) seconds.
+RESTART_BACKOFF_SECS = 1.0
+RESTART_BACKOFF_MAX_SECS = 30.0
+
+
+def backoff_secs(deaths_in_a_row: int) -> float:
+  """Seconds before replacing an actor that died `deaths_in_a_row` (>= 1) times."""
+  return min(RESTART_BACKOFF_MAX_SECS,
+             RESTART_BACKOFF_SECS * 2.0**(max(1, deaths_in_a_row) - 1))
 
 Arrays = Dict[str, np.ndarray]
 EpisodeSink = Callable[[List[types.EpisodeStats]], None]

@@ -168,10 +168,10 @@ SECTIONS = (
               'custom resource of `ray start --resources` places actors on those '
               'nodes); {} reserves nothing. Range: numbers >= 0.'),
         _Flag('max_actor_restarts', 'int',
-              'With --actor_backend=ray: Ray actors replaced over the whole run (all '
-              'actors together; each replacement waits 1, 2, 4, ... up to 30 s '
-              'after its actor died again without an unroll); one more death '
-              'stops the run with one line naming its cause. Range: >= 0.'),
+              'With --actor_backend=ray or processes: actor processes replaced over '
+              'the whole run (all actors together; each replacement waits 1, 2, 4, '
+              '... up to 30 s after its actor died again without an unroll); one '
+              'more death stops the run with one line naming its cause. Range: >= 0.'),
         _Flag('actor_unroll_timeout_secs', 'float',
               'With --actor_backend=ray: an actor that answers no unroll within '
               'this many seconds of starting on it (a hung env step) is killed and '

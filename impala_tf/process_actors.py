@@ -36,10 +36,13 @@ how much is needed if not (Docker gives containers 64 MB: `--shm-size`).
 A child builds its Actor with `actor_pool.make_actor` from the same Config, seeds
 and sampling stream as the other backends, so a run's unrolls are the same
 whichever backend made them. A child that dies (an env error, a kill) is replaced
-with fresh env seeds and counted in `restarts`, with the threads backend's budget
-(`actor_pool.RestartBudget`); the replacement gets a new block, and chunks the
-dead child had finished are still read; the dead child's block is unlinked once
-they are. `stop()` asks the children to stop,
+with fresh env seeds and counted in `restarts`, as the Ray backend does: after a
+backoff that doubles with each death in a row without a finished unroll
+(`actor_pool.backoff_secs`: 1, 2, 4, ... 30 s), at most
+`--max_actor_restarts` replacements over the run, and the run fails after
+`actor_pool.MAX_RESTARTS` deaths in a row without an unroll. The replacement
+gets a new block, and chunks the dead child had finished are still read; the
+dead child's block is unlinked once they are. `stop()` asks the children to stop,
 terminates those that do not within `STOP_JOIN_SECS`, and unlinks every block.
 """
 
@@ -443,6 +446,10 @@ class ProcessActorPool(actor_pool.ActorPool):
     self._children: Dict[int, _Child] = {}
     self._blocks: Dict[Tuple[int, int], _Child] = {}  # (actor, generation) -> child
     self._restarts = [0] * c.num_actors
+    # Deaths of each actor since its last finished chunk, and when a dead
+    # actor's replacement is due (the monitor thread starts it then).
+    self._in_a_row = [0] * c.num_actors
+    self._respawn_at: Dict[int, float] = {}
     self._steps_done = [0] * c.num_actors
     self._read_lock = threading.Lock()
     self._lock = threading.Lock()
@@ -499,15 +506,23 @@ class ProcessActorPool(actor_pool.ActorPool):
     child = _Child(actor_id, generation, process, parent_conn, slots, free,
                    slot_reader)
     with self._lock:
+      previous = self._children.get(actor_id)
       self._children[actor_id] = child
       self._blocks[(actor_id, generation)] = child
+    if previous is not None:
+      self._reclaim(previous)  # If its last chunk was read already.
 
   def _watch(self):
     """Delivers episodes and errors; replaces children that die."""
-    budgets = [actor_pool.RestartBudget() for _ in range(self.config.num_actors)]
     while not self.stop_event.is_set():
-      with self._lock:
-        children = list(self._children.values())
+      now = time.monotonic()
+      for actor_id, due in list(self._respawn_at.items()):
+        if now >= due:
+          del self._respawn_at[actor_id]
+          self._spawn(actor_id)
+      with self._lock:  # Not the dead ones waiting for their replacement.
+        children = [c for c in self._children.values()
+                    if c.actor_id not in self._respawn_at]
       waitables = {}
       for child in children:
         waitables[child.conn] = child
@@ -518,7 +533,7 @@ class ProcessActorPool(actor_pool.ActorPool):
         if obj is child.conn:
           self._receive(child)
         elif not self.stop_event.is_set():
-          self._died(child, budgets[child.actor_id])
+          self._died(child)
     self._tell_children_to_stop()
 
   def _tell_children_to_stop(self):
@@ -538,28 +553,44 @@ class ProcessActorPool(actor_pool.ActorPool):
     except (EOFError, OSError):
       pass
 
-  def _died(self, child: _Child, budget: actor_pool.RestartBudget):
+  def _died(self, child: _Child):
     self._receive(child)
     child.process.join(timeout=1.0)
-    if self._children.get(child.actor_id) is not child:
+    if (self._children.get(child.actor_id) is not child or
+        child.actor_id in self._respawn_at):
       return
     error = child.error or _ChildError(
         'ActorProcessExit', f'the process exited with code {child.process.exitcode}')
     self._steps_done[child.actor_id] += int(
         self._weights.header[_STEPS + child.actor_id])
     self._weights.header[_STEPS + child.actor_id] = 0
-    logging.error('actor %d died (%s); restarting it with a fresh env.',
+    logging.error('actor %d died (%s).',
                   child.actor_id, actor_pool._one_line(error))  # pylint: disable=protected-access
     if child.traceback and self.first_time(error):
       logging.error('actor %d: traceback of %s (shown once per distinct error):\n%s',
                     child.actor_id, error.type_name, child.traceback)
     child.conn.close()
-    if not budget.died():
-      self.fail(actor_pool.ActorPoolError(budget.message(child.actor_id, error)))
+    actor_id = child.actor_id
+    self._in_a_row[actor_id] += 1
+    limit = self.config.max_actor_restarts
+    cause = actor_pool._one_line(error)  # pylint: disable=protected-access
+    if self._in_a_row[actor_id] >= actor_pool.MAX_RESTARTS:
+      self.fail(actor_pool.ActorPoolError(
+          f'actor {actor_id} died {self._in_a_row[actor_id]} times in a row '
+          f'without finishing an unroll; last error: {cause}'))
       return
-    self._restarts[child.actor_id] += 1
-    self._spawn(child.actor_id)
-    self._reclaim(child)  # If its last chunk was read already.
+    if self.restarts >= limit:
+      self.fail(actor_pool.ActorPoolError(
+          f'actor {actor_id} died ({cause}) and the run already replaced '
+          f'{self.restarts} actor processes, the most --max_actor_restarts={limit} '
+          'allows; fix the cause or raise --max_actor_restarts'))
+      return
+    self._restarts[actor_id] += 1
+    delay = actor_pool.backoff_secs(self._in_a_row[actor_id])
+    logging.error('Replacing actor %d with a fresh env in %g s (restart %d of at '
+                  'most --max_actor_restarts=%d).', actor_id, delay, self.restarts,
+                  limit)
+    self._respawn_at[actor_id] = time.monotonic() + delay
 
   def publish(self, version, weights):
     self._weights.publish(version, weights)
@@ -629,6 +660,7 @@ class ProcessActorPool(actor_pool.ActorPool):
               ' s (--learner_queue_timeout): the actors are stalled or too slow; '
               'check the env, or raise --learner_queue_timeout')
     child, slot = got
+    self._in_a_row[child.actor_id] = 0  # It finished an unroll.
     try:
       chunk = self._copy_out(child, slot)
       with child.free_lock:

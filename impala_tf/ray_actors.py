@@ -78,9 +78,8 @@ _PLACEMENT_CHECK_SECS = 1.0
 # Seconds between the lines saying what a start waits for.
 _PLACEMENT_LOG_SECS = 10.0
 # A slot whose actor died n times in a row (no unroll in between) is replaced after
-# min(RESTART_BACKOFF_MAX_SECS, RESTART_BACKOFF_SECS * 2**(n - 1)) seconds.
-RESTART_BACKOFF_SECS = 1.0
-RESTART_BACKOFF_MAX_SECS = 30.0
+# `actor_pool.backoff_secs(n)` seconds.
+RESTART_BACKOFF_SECS = actor_pool.RESTART_BACKOFF_SECS
 # Ray reads this at import to choose the node address; '0' makes it the loopback one.
 _LOOPBACK_ENV = 'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'
 
@@ -416,10 +415,7 @@ def hide_gpus_unless_assigned() -> bool:
   return True
 
 
-def backoff_secs(deaths_in_a_row: int) -> float:
-  """Seconds before replacing an actor that died `deaths_in_a_row` (>= 1) times."""
-  return min(RESTART_BACKOFF_MAX_SECS,
-             RESTART_BACKOFF_SECS * 2.0**(max(1, deaths_in_a_row) - 1))
+backoff_secs = actor_pool.backoff_secs
 
 
 class ActorHungError(RuntimeError):

@@ -150,7 +150,8 @@ def test_a_crashing_env_fails_the_pool_in_one_line():
   assert isinstance(pool.error, actor_pool.ActorPoolError)
   message = str(pool.error)
   assert pool.restarts == actor_pool.MAX_RESTARTS - 1
-  assert message.startswith(f'actor 0 died {actor_pool.MAX_RESTARTS} times in 60 s')
+  assert message.startswith(f'actor 0 died {actor_pool.MAX_RESTARTS} times in a row '
+                            'without finishing an unroll; last error: RuntimeError')
   assert 'injected error' in message and '\n' not in message
 
 
@@ -394,3 +395,29 @@ def test_children_see_no_gpu_and_the_parent_keeps_its_own(monkeypatch):
     assert os.environ['CUDA_VISIBLE_DEVICES'] == '0,1'
   finally:
     pool.stop()
+
+
+def test_replacements_back_off_and_stop_at_max_actor_restarts():
+  pool, _, _, stop, weights = _pool(max_actor_restarts=1)
+  pool.start(0, weights)
+  try:
+    pool.get_chunk()
+    first = pool._children[0].process.pid  # pylint: disable=protected-access
+    os.kill(first, signal.SIGKILL)
+    killed = time.monotonic()
+    deadline = time.time() + 60
+    while (pool._children[0].process.pid == first and  # pylint: disable=protected-access
+           time.time() < deadline):
+      time.sleep(0.01)
+    # The replacement starts after the backoff of a first death in a row.
+    assert time.monotonic() - killed >= actor_pool.backoff_secs(1) - 0.05
+    pool.get_chunk()  # It acts.
+    os.kill(pool._children[0].process.pid, signal.SIGKILL)  # pylint: disable=protected-access
+    assert stop.wait(timeout=30)
+  finally:
+    pool.stop()
+  assert pool.restarts == 1
+  message = str(pool.error)
+  assert message.startswith('actor 0 died (ActorProcessExit: the process exited '
+                            'with code -9) and the run already replaced 1 actor '
+                            'processes, the most --max_actor_restarts=1 allows'), message

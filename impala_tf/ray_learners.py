@@ -2,10 +2,14 @@
 
 `launch_ray(args, config)` connects to Ray (`--ray_address`: a cluster, or '' for a
 local Ray on 127.0.0.1, as the Ray actor backend does: `ray_actors.RaySession`),
-places N `LearnerWorker` Ray actors with `--ray_learner_resources` each, asks each
-for its node's address and a port that is free there, and wires every worker's
+places N `LearnerWorker` Ray actors with `--ray_learner_resources` each, all in one
+placement group (gang-placed: all of them or none, within
+`--ray_placement_timeout_secs`), checks that each runs the driver's impala_tf and
+TensorFlow versions (one line naming the node otherwise), asks each for its
+node's address and a port that is free there, and wires every worker's
 `TF_CONFIG` from the nodes they landed on. Each Ray actor then runs
-`python -m impala_tf.train ARGS` as a child process with its `TF_CONFIG`: the same
+`python -m impala_tf.train ARGS` as a child process with its `TF_CONFIG`, its own
+interpreter, working directory and environment (`--ray_runtime_env`'s): the same
 program and code path as a worker started by hand (`impala_tf.distribute`), in a
 fresh process (TensorFlow's strategy must come before any other op of its process,
 and a Ray actor process may have run others).
@@ -70,19 +74,33 @@ class LearnerWorker:
     ip = ray.util.get_node_ip_address()
     return f'{ip}:{distribute.free_local_ports(1)[0]}'
 
-  def run(self, argv: Sequence[str], env: dict, cwd: str):
-    """Runs the worker process to its end.
+  def versions(self) -> dict:
+    """The versions that must agree with the driver's (`ray_actors.local_versions`)."""
+    from impala_tf import ray_actors  # pylint: disable=g-import-not-at-top
+    return ray_actors.local_versions()
 
-    Its output is copied line by line to this actor's (which Ray streams to the
-    driver), except its final status lines (`_STATUS_LINE`).
+  def run(self, args: Sequence[str], env: dict):
+    """Runs `python -m impala_tf.train ARGS` as this node's process, to its end.
+
+    The worker runs with this actor's interpreter, working directory and
+    environment (those of `--ray_runtime_env` on a cluster: its `working_dir`,
+    `py_modules`, `env_vars`), with `env` added, and this actor's copy of
+    impala_tf first on its PYTHONPATH: the code the actor itself imported, not the
+    driver's paths. Its output is copied line by line to this actor's (which Ray
+    streams to the driver), except its final status lines (`_STATUS_LINE`).
 
     Returns:
       (exit status, list of the held-back status lines).
     """
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(
+        distribute.__file__)))
     with self._lock:
       full_env = dict(os.environ)
       full_env.update(env)
-      self._proc = subprocess.Popen(list(argv), env=full_env, cwd=cwd,
+      full_env['PYTHONPATH'] = os.pathsep.join(
+          p for p in (package_root, os.environ.get('PYTHONPATH', '')) if p)
+      argv = [sys.executable, '-m', 'impala_tf.train'] + list(args)
+      self._proc = subprocess.Popen(argv, env=full_env, cwd=os.getcwd(),
                                     preexec_fn=_child_setup,
                                     stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,
@@ -111,7 +129,12 @@ class LearnerWorker:
         self._proc.wait()
 
 
-def _actor_options(resources: dict) -> dict:
+def _actor_options(resources: dict, group=None, index: int = 0) -> dict:
+  """Ray actor options of learner worker `index` (in placement `group`, if any).
+
+  The actor-level runtime env only adds an env var: Ray merges it into the
+  job's (`--ray_runtime_env`), whose `working_dir` and modules the worker keeps.
+  """
   res = dict(resources)
   # The actor process imports TensorFlow (for `distribute`) but runs no op: its
   # native start-up lines would only repeat the workers'.
@@ -122,7 +145,36 @@ def _actor_options(resources: dict) -> dict:
     opts['memory'] = res.pop('memory')
   if res:
     opts['resources'] = res
+  if group is not None:
+    from ray.util import scheduling_strategies  # pylint: disable=g-import-not-at-top
+    opts['scheduling_strategy'] = (
+        scheduling_strategies.PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=index))
   return opts
+
+
+def _bundle(resources: dict) -> dict:
+  """One placement-group bundle: the nonzero resources of one learner worker."""
+  return {k: float(v) for k, v in resources.items() if v > 0}
+
+
+def version_mismatch(driver: dict, workers: Sequence[dict],
+                     addresses: Sequence[str]) -> Optional[str]:
+  """The one line naming the first worker whose versions differ, or None.
+
+  Args:
+    driver: the driver's `ray_actors.local_versions()`.
+    workers: each worker's.
+    addresses: each worker's `node:port`.
+  """
+  for i, (theirs, address) in enumerate(zip(workers, addresses)):
+    if theirs != driver:
+      keys = list(driver) + [k for k in theirs if k not in driver]
+      say = lambda v: ', '.join(f'{k} {v.get(k)}' for k in keys)
+      return (f'Ray learner worker {i} on node {address.rsplit(":", 1)[0]} runs '
+              f'{say(theirs)} but the driver runs {say(driver)}; install the same '
+              'versions on every node (or ship the code with --ray_runtime_env)')
+  return None
 
 
 def launch_ray(args: Sequence[str], config: config_lib.Config,
@@ -151,17 +203,24 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
   except actor_pool.ActorPoolError as e:
     print(f'{prog}: error: {e}', file=sys.stderr, flush=True)
     return 1
-  actor_cls = ray.remote(LearnerWorker).options(
-      **_actor_options(config.ray_learner_resources_dict))
+  resources = config.ray_learner_resources_dict
   workers = []
+  group = None
   # The handler only records a signal; the loop below sends it (Ray calls from a
   # signal handler, which interrupted a Ray call, did not reach the actors; and
   # a handler that took a lock would hang on one the loop held).
   inbox = launcher.SignalInbox(timeout).install()
   failed = False
   try:
-    workers.extend(actor_cls.remote() for _ in range(num))
     try:
+      if _bundle(resources):  # All the workers or none: one placement group.
+        from ray import util as ray_util  # pylint: disable=g-import-not-at-top
+        group = ray_util.placement_group([_bundle(resources)] * num,
+                                         strategy='PACK')
+        ray.get(group.ready(), timeout=config.ray_placement_timeout_secs)
+      actor_cls = ray.remote(LearnerWorker)
+      workers.extend(actor_cls.options(**_actor_options(resources, group, i)).remote()
+                     for i in range(num))
       addresses = ray.get([w.address.remote() for w in workers],
                           timeout=config.ray_placement_timeout_secs)
     except ray.exceptions.GetTimeoutError:
@@ -171,18 +230,20 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
             'the cluster lacks the resources; add nodes or ask for less',
             file=sys.stderr, flush=True)
       return 1
+    mismatch = version_mismatch(ray_actors.local_versions(),
+                                ray.get([w.versions.remote() for w in workers],
+                                        timeout=60), addresses)
+    if mismatch:
+      print(f'{prog}: error: {mismatch}', file=sys.stderr, flush=True)
+      return 1
     cluster = distribute.Cluster(tuple(addresses), 0)
     print(distribute.exposure_line([int(a.rsplit(':', 1)[1]) for a in addresses])
           + f' [on the nodes {", ".join(addresses)}]', flush=True)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(
-        distribute.__file__)))
     refs = []
     for i, w in enumerate(workers):
       env = {distribute.TF_CONFIG: cluster.tf_config(i),
-             distribute.LAUNCHED_ENV: '1',
-             'PYTHONPATH': package_root + os.pathsep + os.environ.get('PYTHONPATH', '')}
-      argv = [sys.executable, '-m', 'impala_tf.train'] + list(args)
-      refs.append(w.run.remote(argv, env, os.getcwd()))
+             distribute.LAUNCHED_ENV: '1'}
+      refs.append(w.run.remote(list(args), env))
     codes: List[Optional[int]] = [None] * num
     while any(c is None for c in codes):
       for signum in inbox.take()[-1:]:
@@ -231,5 +292,11 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
       except Exception:  # pylint: disable=broad-except
         pass  # Dead already; ray.kill below ends what is left.
       ray.kill(w)
+    if group is not None:
+      try:
+        from ray import util as ray_util  # pylint: disable=g-import-not-at-top
+        ray_util.remove_placement_group(group)
+      except Exception:  # pylint: disable=broad-except
+        pass  # Ray is shutting down.
     inbox.restore()
     session.close()

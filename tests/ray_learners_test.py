@@ -81,3 +81,29 @@ def test_two_ray_learner_workers_train_stop_on_sigterm_and_leave_nothing(tmp_pat
   assert last['trained_frames'] == last['learner_steps'] * 4 * 5
   assert not os.path.exists(os.path.join(logdir, 'workertemp_1'))
   assert not testing.processes_mentioning(logdir)
+
+
+def test_actor_options_place_each_worker_in_its_bundle():
+  group = object()
+  try:
+    opts = ray_learners._actor_options({'CPU': 1.0}, group, 3)  # pylint: disable=protected-access
+  except TypeError:  # Ray checks the group's type.
+    pytest.skip('this Ray checks the placement group type')
+  strategy = opts['scheduling_strategy']
+  assert strategy.placement_group is group
+  assert strategy.placement_group_bundle_index == 3
+  assert ray_learners._bundle({'CPU': 1.0, 'GPU': 0.0, 'x': 2}) == {  # pylint: disable=protected-access
+      'CPU': 1.0, 'x': 2.0}
+
+
+def test_a_worker_on_other_versions_is_named_in_one_line():
+  driver = {'impala_tf': '0.3.0', 'TensorFlow': '2.21.0'}
+  assert ray_learners.version_mismatch(
+      driver, [dict(driver)] * 2, ['10.0.0.1:2222', '10.0.0.2:2222']) is None
+  line = ray_learners.version_mismatch(
+      driver, [dict(driver), {'impala_tf': '0.3.0', 'TensorFlow': '2.20.0'}],
+      ['10.0.0.1:2222', '10.0.0.2:2222'])
+  assert line == ('Ray learner worker 1 on node 10.0.0.2 runs impala_tf 0.3.0, '
+                  'TensorFlow 2.20.0 but the driver runs impala_tf 0.3.0, TensorFlow '
+                  '2.21.0; install the same versions on every node (or ship the code '
+                  'with --ray_runtime_env)')

@@ -608,17 +608,27 @@ def test_bad_tf_config_exits_with_one_line_before_any_work(tmp_path):
   assert not logdir.exists()
 
 
-def _start_workers(tmp_path, args_of, env_of=lambda i: {}):
-  """Starts 2 learner workers by hand (TF_CONFIG on loopback); returns the procs."""
+def _run_workers(args_of, env_of=lambda i: {}, timeout=150):
+  """Runs 2 learner workers started by hand (TF_CONFIG on loopback) to their end.
+
+  Returns:
+    (procs, [(stdout, stderr)] per worker); none is left running.
+  """
   workers = [f'127.0.0.1:{p}' for p in distribute.free_local_ports(2)]
   procs = []
-  for i in range(2):
-    env = dict(_env(), **env_of(i), TF_CONFIG=json.dumps(
-        {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': i}}))
-    procs.append(subprocess.Popen(
-        _train_cmd(*args_of(i)), cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True))
-  return procs
+  try:
+    for i in range(2):
+      env = dict(_env(), **env_of(i), TF_CONFIG=json.dumps(
+          {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': i}}))
+      procs.append(subprocess.Popen(
+          _train_cmd(*args_of(i)), cwd=REPO, env=env, stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE, text=True))
+    return procs, [p.communicate(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
@@ -631,15 +641,8 @@ def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
       '--learner_queue_timeout=10', '--total_environment_frames=10000000',
       f'--logdir={logdir}']
   start = time.time()
-  procs = _start_workers(tmp_path, lambda i: args, lambda i: {
+  procs, outputs = _run_workers(lambda i: args, lambda i: {
       testing.FAULTS_ENV_VAR: tokens if i == 1 else none})
-  try:
-    outputs = [p.communicate(timeout=150) for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
   took = time.time() - start
   errors = [_own_stderr_lines(err)[-1] for _, err in outputs]
   assert [p.returncode for p in procs] == [1, 1], outputs
@@ -654,16 +657,9 @@ def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
 def test_hand_started_workers_with_different_flags_stop_in_one_line(tmp_path):
   logdir = str(tmp_path / 'run')
   start = time.time()
-  procs = _start_workers(tmp_path, lambda i: TINY + [
+  procs, outputs = _run_workers(lambda i: TINY + [
       f'--learning_rate={0.001 * (i + 1)}', f'--logdir={logdir}',
       '--total_environment_frames=100000'])
-  try:
-    outputs = [p.communicate(timeout=150) for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
   took = time.time() - start
   for i, (p, (_, err)) in enumerate(zip(procs, outputs)):
     assert p.returncode == 1, err[-3000:]

@@ -19,7 +19,8 @@ def train(config: Config, **kwargs):
 
   Args:
     config: an `impala_tf.Config`.
-    **kwargs: passed to `impala_tf.driver.train` (`stop_event`, `on_metrics`).
+    **kwargs: passed to `impala_tf.driver.train` (`stop_event`, `on_metrics`,
+      `on_stall`).
 
   Returns:
     `impala_tf.driver.RunResult` (final metrics line, logdir, reached_target,

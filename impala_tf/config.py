@@ -258,6 +258,7 @@ class Config:
   tf_inter_op_threads: int = -1
   num_learner_workers: int = 1
   learner_worker_timeout_secs: float = 60.0
+  stall_timeout_secs: float = 600.0
   learner_backend: str = 'local'
   ray_learner_resources: str = '{"CPU": 1}'
   # Loss.
@@ -525,6 +526,7 @@ _RULES = {
         "must be an integer >= -1 (-1: auto, 0: TensorFlow's default)"),
     'num_learner_workers': _ints(1),
     'learner_worker_timeout_secs': _positive('a number of seconds'),
+    'stall_timeout_secs': _non_negative('a number of seconds (0: no watchdog)'),
     'learner_backend': _one_of(LEARNER_BACKENDS),
     'ray_learner_resources': _resources('ray_learner_resources'),
     'discounting': _unit_closed(),
@@ -631,6 +633,10 @@ def _validate(c: Config):
             f'must ask for "GPU": {c.num_gpus} or more with --num_gpus={c.num_gpus} '
             f'(it asks for {asked:g}): Ray gives each learner worker only the GPUs '
             'it reserved, so without them workers would share or miss GPUs')
+  require(c.stall_timeout_secs == 0 or
+          c.stall_timeout_secs > c.learner_queue_timeout, 'stall_timeout_secs',
+          f'must be 0 (off) or > --learner_queue_timeout={c.learner_queue_timeout:g}, '
+          'so that data that stops is reported as such before the watchdog fires')
   need = max(1, math.ceil(c.replay_proportion))
   require(c.replay_proportion == 0 or c.replay_buffer_num_slots >= need,
           'replay_buffer_num_slots',

@@ -443,7 +443,7 @@ def sum_over_workers(strategy: tf.distribute.Strategy
 # the same on every worker (`workers_disagree_on`).
 PER_WORKER_FIELDS = frozenset({
     'logdir', 'envpool_num_threads', 'tf_inter_op_threads', 'env_step_timeout_secs',
-    'actor_unroll_timeout_secs', 'learner_queue_timeout',
+    'actor_unroll_timeout_secs', 'learner_queue_timeout', 'stall_timeout_secs',
     'learner_worker_timeout_secs', 'ray_address', 'ray_connect_timeout_secs',
     'ray_placement_timeout_secs', 'max_actor_restarts', 'log_interval_secs',
     'checkpoint_interval_secs', 'keep_checkpoints', 'eval_interval_frames',

@@ -57,6 +57,7 @@ from impala_tf import process_actors
 from impala_tf import replay as replay_lib
 from impala_tf import rundir
 from impala_tf import saved_policy
+from impala_tf import watchdog as watchdog_lib
 
 
 # Several learner workers agree (stop, checkpoint, summed counters) every this
@@ -173,14 +174,18 @@ def _last_metrics(logdir: str) -> Dict[str, object]:
 
 def train(config: config_lib.Config,
           stop_event: Optional[threading.Event] = None,
-          on_metrics: Optional[Callable[[Dict[str, object]], None]] = None
-          ) -> RunResult:
+          on_metrics: Optional[Callable[[Dict[str, object]], None]] = None,
+          on_stall: Optional[Callable[[str], None]] = None) -> RunResult:
   """Trains until a stop condition; see the module docstring.
 
   Args:
     config: a validated Config.
     stop_event: optional; set it (from any thread) to stop the run cleanly.
     on_metrics: optional; called with every metrics dict written.
+    on_stall: optional; called from the watchdog's thread with one line when no
+      learner step is made for `config.stall_timeout_secs` (the main thread may
+      be blocked inside TensorFlow); the default prints the line to stderr and
+      ends the process with status 1 (`watchdog.Watchdog`).
 
   Returns:
     RunResult with the final metrics line.
@@ -241,7 +246,7 @@ def train(config: config_lib.Config,
     strategy = distribute.get_strategy(
         config.num_gpus, config.num_virtual_cpu_devices, cluster)
     run = _Run(config, stop_event or threading.Event(), on_metrics, strategy,
-               cluster, spaces)
+               cluster, spaces, on_stall)
     try:
       if run.restored and run.base_env_frames >= config.total_environment_frames:
         if chief:
@@ -316,7 +321,8 @@ class _Run:
                on_metrics: Optional[Callable[[Dict[str, object]], None]],
                strategy: tf.distribute.Strategy,
                cluster: Optional[distribute.Cluster] = None,
-               spaces=None):
+               spaces=None,
+               on_stall: Optional[Callable[[str], None]] = None):
     self.config = config
     self.stop = stop
     self.on_metrics = on_metrics
@@ -422,6 +428,9 @@ class _Run:
     # Set on the other workers when the agreement says one worker's actors or
     # data failed: they stop with a line naming it (its own line says why).
     self.other_failed: Optional[TrainingError] = None
+    self.watchdog = watchdog_lib.Watchdog(
+        config.stall_timeout_secs, self.worker_index, self.num_workers,
+        os.path.join(config.logdir, 'heartbeats'), on_stall)
 
   def _check_workers_agree(self, values: Dict[str, int], what: str):
     """Raises TrainingError (one line) when the workers' `values` differ.
@@ -503,6 +512,8 @@ class _Run:
     watcher = threading.Thread(target=self._end_data_on_stop, args=(loop_done,),
                                name='stop-watcher', daemon=True)
     watcher.start()
+    self.watchdog.phase('starting the actors')
+    self.watchdog.start()
     try:
       self.pool.start(int(self.learner.learner_steps.numpy()),
                       self.learner.get_weights())
@@ -528,6 +539,7 @@ class _Run:
             f'{_first_line(e)}; the run stops; the newest checkpoint in --logdir '
             'is intact')
     finally:
+      self.watchdog.phase('stopping: the actors, the final checkpoint')
       loop_done.set()
       self.internal_stop.set()
       # Let the loaders see the stop and return before the iterator is destroyed:
@@ -562,6 +574,7 @@ class _Run:
         self._save()
       if self.writer is not None:
         self.writer.close()
+      self.watchdog.close()
     def fatal():
       return [e for e in (self.peer_error, self.nonfinite_error, self.pool.error,
                           source.error, self.other_failed)
@@ -622,6 +635,7 @@ class _Run:
       log_due = time.time() - last_log >= config.log_interval_secs
       term_norms = None if self.multi else (config.loss_term_grad_norms and (
           log_due or not self.term_norms))  # And the first call: a final line.
+      self.watchdog.phase(watchdog_lib.LEARNER_STEP)
       try:
         self.out = learner.step_from_iterator(iterator, self._learner_reuse,
                                               term_norms=term_norms)
@@ -634,11 +648,14 @@ class _Run:
       made = int(self.out['steps'])  # learner_steps_per_call, or fewer at the end.
       steps_run = self.steps_run = steps_run + made
       version = base_learner_steps + steps_run
+      self.watchdog.progress(version)
       interval = config.broadcast_interval
       if version // interval > (version - made) // interval:
         # The weights came back with the step: no second call, no variable reads.
+        self.watchdog.phase('publishing the weights to the actors')
         self.pool.publish(version, weights)
       if self.evaluator is not None and self.evaluator.due(self._env_frames()):
+        self.watchdog.phase('starting an evaluation')
         self.evaluator.submit(self._env_frames(), weights)
       step_secs = time.perf_counter() - t0
       if self.first_step_secs is None:  # Tracing: not part of the wait split.
@@ -659,9 +676,11 @@ class _Run:
       now = time.time()
       if log_due:
         last_log = now
+        self.watchdog.phase('writing metrics')
         self._emit(self._metrics())
       if not self.multi and now - last_ckpt >= config.checkpoint_interval_secs:
         last_ckpt = now
+        self.watchdog.phase('writing a checkpoint')
         self._save()
       if steps_run % ring:
         # Stop only at the end of a reuse ring (with learner_steps_per_call = k:
@@ -670,10 +689,12 @@ class _Run:
       if self.multi and (steps_run // ring) % self.agree_rings:
         continue  # Workers agree every AGREE_EVERY_STEPS steps (whole rings).
       if self.multi:  # Stop and checkpoint where every worker agrees to.
+        self.watchdog.phase(watchdog_lib.AGREEMENT)
         decision = self._agree(
             self.chief and now - last_ckpt >= config.checkpoint_interval_secs)
         if decision['checkpoint']:
           last_ckpt = now
+          self.watchdog.phase('writing a checkpoint')
           self._save()
         if decision['stop'] is not None:
           return decision['stop']

@@ -119,7 +119,7 @@ def main(argv):
   stop = threading.Event()
   _stop_on_signals(stop)
   try:
-    result = driver.train(cfg, stop_event=stop)
+    result = driver.train(cfg, stop_event=stop, on_stall=_stalled)
   except driver.TrainingError as e:
     # A launched worker that lost a peer says nothing: its launcher names the
     # worker that died, in one line.
@@ -253,6 +253,12 @@ def _stop_on_signals(stop: threading.Event) -> None:
           on_signal(signum, None)
 
   threading.Thread(target=watch, name='signal-watcher', daemon=True).start()
+
+
+def _stalled(line: str) -> None:
+  """The progress watchdog fired: its line, then exit at once (status 1)."""
+  print(f'{PROG}: error: {line}', file=sys.stderr)
+  _exit_now(1)
 
 
 def _exit_now(status: int) -> None:

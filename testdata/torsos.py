@@ -58,6 +58,37 @@ def identity(observation_space, action_space):
   return lambda x: tf.reshape(x, [tf.shape(x)[0], -1])
 
 
+# `hangs_in_the_learner`: batches of more rows than this are the learner's (the
+# actors step a few envs at a time); the HANG_AFTER-th such batch never returns.
+LEARNER_ROWS_ABOVE = 16
+HANG_AFTER = 3
+_learner_batches = [0]
+
+
+def _block_on_the_learner_batch(x):
+  """Returns `x`; blocks forever on the HANG_AFTER-th batch of the learner."""
+  import time  # pylint: disable=g-import-not-at-top
+  if x.shape[0] > LEARNER_ROWS_ABOVE:
+    _learner_batches[0] += 1
+    while _learner_batches[0] >= HANG_AFTER:
+      time.sleep(1)
+  return x
+
+
+def hangs_in_the_learner(observation_space, action_space):
+  """The identity torso, which hangs inside the learner's step (its 3rd batch).
+
+  A test of the progress watchdog: the step never returns while the actors and the
+  data pipeline keep working (the queue fills; no loader times out).
+  """
+  del observation_space, action_space
+  def torso(x):
+    x = tf.reshape(x, [tf.shape(x)[0], -1])
+    y = tf.py_function(_block_on_the_learner_batch, [x], tf.float32)
+    return tf.reshape(y, tf.shape(x))
+  return torso
+
+
 _SHARED = []
 
 

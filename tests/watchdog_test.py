@@ -1,0 +1,162 @@
+"""Tests of impala_tf/watchdog.py: the stall line, the heartbeats, and a hung run."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from impala_tf import watchdog
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _wait_for(lines, secs=5.0):
+  deadline = time.monotonic() + secs
+  while not lines and time.monotonic() < deadline:
+    time.sleep(0.02)
+  return lines
+
+
+def test_no_step_for_the_timeout_gives_one_line_naming_step_and_phase():
+  lines = []
+  dog = watchdog.Watchdog(0.3, on_stall=lines.append, interval_secs=0.05)
+  dog.start()
+  dog.progress(5)
+  dog.phase('writing a checkpoint')
+  t0 = time.monotonic()
+  assert _wait_for(lines), 'no stall line within 5 s'
+  assert 0.25 <= time.monotonic() - t0 < 2.0
+  assert len(lines) == 1 and '\n' not in lines[0]
+  line = lines[0]
+  assert line.startswith('no learner step for 0 s (--stall_timeout_secs=0.3); '
+                         'the last was step 5, and it is now in: writing a '
+                         'checkpoint; the run stops'), line
+  assert 'newest checkpoint in --logdir is intact' in line
+  assert dog.stalled_line == line
+  dog.close()
+
+
+def test_steps_within_the_timeout_keep_it_quiet_and_close_ends_the_thread():
+  lines = []
+  dog = watchdog.Watchdog(0.4, on_stall=lines.append, interval_secs=0.05).start()
+  for step in range(20):  # 1 s of steps, 0.05 s apart.
+    dog.progress(step)
+    time.sleep(0.05)
+  dog.close()
+  assert lines == []
+  assert not dog._thread.is_alive()  # pylint: disable=protected-access
+  time.sleep(0.6)  # Closed: no line later either.
+  assert lines == []
+
+
+def test_zero_is_off_and_negative_is_an_error():
+  lines = []
+  dog = watchdog.Watchdog(0, on_stall=lines.append, interval_secs=0.01).start()
+  time.sleep(0.2)
+  assert lines == [] and dog._thread is None  # pylint: disable=protected-access
+  dog.close()
+  with pytest.raises(ValueError, match='timeout_secs must be >= 0, got -1'):
+    watchdog.Watchdog(-1)
+
+
+def test_heartbeat_files_hold_step_phase_and_time(tmp_path):
+  d = str(tmp_path / 'heartbeats')
+  dog = watchdog.Watchdog(60, 1, 2, d, on_stall=lambda _: None,
+                          interval_secs=0.05).start()
+  dog.progress(42)
+  dog.phase(watchdog.AGREEMENT)
+  time.sleep(0.3)
+  beat = json.loads((tmp_path / 'heartbeats' / 'worker_1.json').read_text())
+  dog.close()
+  assert beat['worker'] == 1 and beat['step'] == 42
+  assert beat['phase'] == watchdog.AGREEMENT and beat['pid'] == os.getpid()
+  assert abs(beat['time'] - time.time()) < 5
+  assert dog.read_heartbeats() == {0: None, 1: beat}
+  # A single worker writes none.
+  single = watchdog.Watchdog(60, heartbeat_dir=str(tmp_path / 'single'),
+                             interval_secs=0.05).start()
+  time.sleep(0.15)
+  single.close()
+  assert not (tmp_path / 'single').exists()
+
+
+def test_two_workers_the_waiting_one_names_the_one_outside_the_step(tmp_path):
+  d = str(tmp_path / 'hb')
+  lines = {0: [], 1: []}
+  dogs = [watchdog.Watchdog(0.4, i, 2, d, on_stall=lines[i].append,
+                            interval_secs=0.05) for i in (0, 1)]
+  for dog in dogs:
+    dog.start()
+    dog.progress(10)
+  dogs[0].phase(watchdog.LEARNER_STEP)   # Waits in the step's all-reduce.
+  dogs[1].phase('writing a checkpoint')  # Hung on its file system.
+  assert _wait_for(lines[0]) and _wait_for(lines[1])
+  for dog in dogs:
+    dog.close()
+  assert lines[0][0].startswith('learner worker 0: no learner step for'), lines[0]
+  assert ('the run waits for learner worker 1 (at step 10, in: writing a '
+          'checkpoint)') in lines[0][0]
+  assert 'the other workers wait for this one' in lines[1][0]
+
+
+def _beat(step, phase, age=0.0, now=1000.0):
+  return {'step': step, 'phase': phase, 'time': now - age, 'pid': 7, 'host': 'h'}
+
+
+@pytest.mark.parametrize('beats, expected', [
+    ({0: _beat(3, watchdog.LEARNER_STEP), 1: None},
+     'no heartbeat from learner worker(s) 1 in HB (is --logdir one directory '
+     'every worker shares?)'),
+    ({0: _beat(3, watchdog.LEARNER_STEP), 1: _beat(3, 'writing metrics', age=50)},
+     'learner worker 1 stopped answering 50 s ago (at step 3, in: writing '
+     'metrics; its process is frozen or its host gone: pid 7 on h)'),
+    ({0: _beat(3, watchdog.LEARNER_STEP), 1: _beat(3, watchdog.AGREEMENT),
+      2: _beat(3, watchdog.LEARNER_STEP)},
+     'every worker waits in a collective after step 3 (learner step or '
+     'agreement): a collective or a device hangs'),
+    ({0: _beat(4, watchdog.AGREEMENT), 1: _beat(3, watchdog.LEARNER_STEP),
+      2: _beat(4, watchdog.AGREEMENT)},
+     'the run waits for learner worker 1 (at step 3, in: learner step)'),
+    ({0: _beat(3, watchdog.LEARNER_STEP), 1: _beat(3, 'starting an evaluation'),
+      2: _beat(3, 'writing a checkpoint')},
+     'the run waits for learner worker 1 (at step 3, in: starting an '
+     'evaluation); the run waits for learner worker 2 (at step 3, in: writing a '
+     'checkpoint)'),
+])
+def test_describe_waiting_names_the_worker_from_the_heartbeats(beats, expected):
+  assert watchdog.describe_waiting(beats, 0, 30.0, 'HB', now=1000.0) == expected
+
+
+def test_a_learner_step_that_never_returns_stops_the_run_with_one_line(tmp_path):
+  """Without the watchdog this run hangs forever (the test's timeout fails it)."""
+  logdir = tmp_path / 'run'
+  env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep +
+             os.environ.get('PYTHONPATH', ''), CUDA_VISIBLE_DEVICES='',
+             TF_CPP_MIN_LOG_LEVEL='2')
+  t0 = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, '-m', 'impala_tf.train', '--env=CartPole-v1',
+       '--network=testdata.torsos:hangs_in_the_learner', '--num_actors=1',
+       '--num_envs_per_actor=4', '--unroll_length=8', '--batch_size=4',
+       '--total_environment_frames=1000000', '--log_interval_secs=0.01',
+       '--learner_queue_timeout=2', '--stall_timeout_secs=5',
+       f'--logdir={logdir}'],
+      capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300,
+      check=False)
+  wall = time.monotonic() - t0
+  errors = [l for l in proc.stderr.splitlines() if 'error:' in l]
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert len(errors) == 1, proc.stderr[-3000:]
+  assert re.match(
+      r'impala_tf\.train: error: no learner step for [5-9] s '
+      r'\(--stall_timeout_secs=5\); the last was step 2, and it is now in: '
+      r'learner step; the run stops', errors[0]), errors
+  assert wall < 120, wall
+  # What the run wrote before it hung is there: the metrics of its two steps.
+  rows = [json.loads(l) for l in (logdir / 'metrics.jsonl').read_text().splitlines()]
+  assert rows and max(r['learner_steps'] for r in rows) == 2, rows

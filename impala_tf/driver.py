@@ -311,7 +311,8 @@ _DIAGNOSTICS = ('loss', 'policy_loss', 'baseline_loss', 'entropy_loss', 'entropy
                 'ppo_clip_fraction')
 # Learner outputs logged as they are (from the window's last step), when present.
 _TERM_NORMS = ('grad_norm_policy', 'grad_norm_baseline', 'grad_norm_entropy')
-_LAST_STEP = _TERM_NORMS + ('popart_mu', 'popart_sigma')
+_LAST_STEP = _TERM_NORMS + ('popart_mu', 'popart_sigma',
+                             'popart_replica_spread')
 
 
 class _Run:

@@ -653,7 +653,10 @@ class Learner(tf.Module):
     every mirror gets them before the optimizer applies the gradients.
 
     Returns:
-      dict of float32 `[]`: `popart_mu`, `popart_sigma` (task 0, after the update).
+      dict of float32 `[]`: `popart_mu`, `popart_sigma` (task 0, after the update)
+      and `popart_replica_spread`, the largest difference between this worker's
+      replicas in the statistics and the rescaled value head each computed (0 on
+      one replica; the mirrors all get the first replica's).
     """
     mu, nu, updates, peak = [tf.where(finite, new, old) for new, old in zip(
         new_stats, (popart.mu, popart.nu, popart.updates, popart.peak))]
@@ -663,14 +666,22 @@ class Learner(tf.Module):
     targets = (popart.mu, popart.nu, popart.updates, popart.peak, head.w, head.b)
 
     def assign_all(strategy, *values):
+      spread = tf.constant(0.0, tf.float64)
       for var, value in zip(targets, values):
         # The first replica's value on every mirror: the values agree in exact
         # arithmetic, and taking one makes the mirrors equal by construction
-        # (they are a few floats; the copy is free).
+        # (they are a few floats; the copy is free). What each replica computed
+        # is kept as the spread, so a replica that computed apart shows.
+        results = [tf.cast(r, tf.float64)
+                   for r in strategy.experimental_local_results(value)]
+        for other in results[1:]:
+          spread = tf.maximum(spread, tf.reduce_max(tf.abs(other - results[0])))
         value = strategy.experimental_local_results(value)[0]
         strategy.extended.update(var, lambda v, x: v.assign(x), args=(value,),
                                  group=False)
+      return spread
 
-    ctx.merge_call(assign_all, args=(mu, nu, updates, peak, w, b))
+    spread = ctx.merge_call(assign_all, args=(mu, nu, updates, peak, w, b))
     return {'popart_mu': tf.cast(mu[0], tf.float32),
-            'popart_sigma': tf.cast(sigma[0], tf.float32)}
+            'popart_sigma': tf.cast(sigma[0], tf.float32),
+            'popart_replica_spread': tf.cast(spread, tf.float32)}

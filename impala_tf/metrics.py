@@ -72,6 +72,7 @@ SECTIONS = {
     'ppo_clip_fraction': 'loss',
     'popart_mu': 'loss',
     'popart_sigma': 'loss',
+    'popart_replica_spread': 'loss',
     # The update.
     'learning_rate': 'optimizer',
     'grad_norm': 'optimizer',

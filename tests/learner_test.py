@@ -813,6 +813,10 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
     assert r['replicas'] == [1, 2], (name, r)
     assert r['init_diff'] == 0.0, (name, r['init_diff'])  # Same seeded weights.
     assert r['comps_equal'], name  # Every mirror holds the same value.
+    if specs[name].get('popart'):
+      # ... and what each replica computed agreed before the first's was taken.
+      assert r['diags1']['popart_replica_spread'] == 0.0, (name, r['diags1'])
+      assert r['diags2']['popart_replica_spread'] < 1e-6, (name, r['diags2'])
     if name == 'nonfinite':
       assert r['moved'] == 0.0 and r['max_weight_diff'] == 0.0, r
       assert r['iterations'] == [0, 0] and r['nonfinite'] == [1, 1], r

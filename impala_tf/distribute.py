@@ -226,6 +226,8 @@ def configure_devices(num_virtual_cpu_devices: int = 0, num_gpus: int = 0):
   Args:
     num_virtual_cpu_devices: int, logical CPU devices to create (0 or 1: none).
     num_gpus: int, GPUs the learner uses; the others are hidden from TensorFlow.
+      Those it uses grow their memory as needed (unless the environment has
+      TF_FORCE_GPU_ALLOW_GROWTH=false).
 
   Once TensorFlow has initialised its devices (an op ran), the GPUs seen can no
   longer change. GPUs that should be hidden but stay visible are only warned about
@@ -243,6 +245,13 @@ def configure_devices(num_virtual_cpu_devices: int = 0, num_gpus: int = 0):
     want = gpus[:num_gpus]
     try:
       tf.config.set_visible_devices(want, 'GPU')
+      # Memory as the learner needs it, not TensorFlow's default of nearly all of
+      # each GPU up front (RLlib's allow_growth): what the run uses shows in
+      # nvidia-smi, and a GPU can be shared on purpose. TensorFlow's own
+      # TF_FORCE_GPU_ALLOW_GROWTH=false keeps its default.
+      if os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH', '').lower() != 'false':
+        for gpu in want:
+          tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError:  # Initialised: the layout it has stays.
       visible = tf.config.get_visible_devices('GPU')
       missing = [d.name for d in want if d not in visible]

@@ -83,6 +83,29 @@ def test_gpus_asked_for_but_hidden_for_good_are_an_error(monkeypatch):
   assert not warnings
 
 
+@pytest.mark.parametrize('allow_growth', [None, 'false'])
+def test_the_learners_gpus_grow_their_memory_and_the_others_are_hidden(
+    monkeypatch, allow_growth):
+  gpus = [tf.config.PhysicalDevice(f'/physical_device:GPU:{i}', 'GPU')
+          for i in range(3)]
+  real_list = tf.config.list_physical_devices
+  monkeypatch.setattr(tf.config, 'list_physical_devices', lambda kind=None: (
+      list(gpus) if kind == 'GPU' else real_list(kind)))
+  calls = []
+  monkeypatch.setattr(tf.config, 'set_visible_devices',
+                      lambda devices, kind=None: calls.append(('visible', devices)))
+  monkeypatch.setattr(tf.config.experimental, 'set_memory_growth',
+                      lambda device, on: calls.append(('growth', device, on)))
+  if allow_growth is None:
+    monkeypatch.delenv('TF_FORCE_GPU_ALLOW_GROWTH', raising=False)
+  else:
+    monkeypatch.setenv('TF_FORCE_GPU_ALLOW_GROWTH', allow_growth)
+  distribute.configure_devices(num_gpus=2)
+  growth = [] if allow_growth == 'false' else [('growth', gpus[0], True),
+                                               ('growth', gpus[1], True)]
+  assert calls == [('visible', gpus[:2])] + growth
+
+
 def test_check_gpus_asks_for_more_than_visible():
   # On a GPU-less machine (CI, this test's home) found == 0 and num_gpus=1 fails.
   found = len(distribute.visible_gpus())

@@ -227,14 +227,14 @@ def _stop_on_signals(stop: threading.Event) -> None:
   reached through a wakeup fd: the C-level handler writes the signal number to a
   pipe at once, and a thread reading it sets `stop`.
   """
-  lock = threading.Lock()  # Both paths may see one signal: log it once.
-
+  # No lock: a handler may run again inside itself (a second signal arriving
+  # while the first is handled) and would wait forever on a lock it holds. Both
+  # paths may see one signal; at worst it is logged twice.
   def on_signal(signum, frame):
     del frame
-    with lock:
-      if stop.is_set():
-        return
-      stop.set()
+    if stop.is_set():
+      return
+    stop.set()
     logging.info('Received signal %d: stopping cleanly.', signum)
 
   signal.signal(signal.SIGTERM, on_signal)

@@ -9,6 +9,7 @@
 
 import concurrent.futures
 import glob
+import importlib
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -516,6 +518,44 @@ def test_user_torso_error_with_verbosity_one_prints_the_traceback(tmp_path):
 
 
 # --- SIGINT / SIGTERM ---------------------------------------------------------------
+
+
+class _SignalInsideTheCheck(threading.Event):
+  """An Event whose first is_set() sees a second signal arrive (re-entrantly)."""
+
+  def __init__(self):
+    super().__init__()
+    self.handler = None
+    self.calls = 0
+
+  def is_set(self):
+    self.calls += 1
+    if self.calls == 1 and self.handler is not None:
+      self.handler(signal.SIGINT, None)  # As Python runs a handler in a handler.
+    return super().is_set()
+
+
+def test_a_signal_inside_the_signal_handler_does_not_hang():
+  # `impala_tf.train` the attribute is the library's function; this is the module.
+  train_lib = importlib.import_module('impala_tf.train')
+  old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  old_fd = signal.set_wakeup_fd(-1)
+  stop = _SignalInsideTheCheck()
+  try:
+    train_lib._stop_on_signals(stop)  # pylint: disable=protected-access
+    stop.handler = signal.getsignal(signal.SIGTERM)
+    handled = threading.Thread(target=stop.handler, args=(signal.SIGTERM, None),
+                               daemon=True)
+    handled.start()
+    handled.join(5)
+    assert not handled.is_alive(), 'the handler hangs on a signal inside it'
+    assert stop.is_set() and stop.calls >= 2
+  finally:
+    for s, handler in old.items():
+      signal.signal(s, handler)
+    ours = signal.set_wakeup_fd(old_fd)
+    if ours >= 0:
+      os.close(ours)
 
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM],

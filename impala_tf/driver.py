@@ -513,11 +513,13 @@ class _Run:
     watcher = threading.Thread(target=self._end_data_on_stop, args=(loop_done,),
                                name='stop-watcher', daemon=True)
     watcher.start()
-    self.watchdog.phase('starting the actors')
-    self.watchdog.start()
     try:
       self.pool.start(int(self.learner.learner_steps.numpy()),
                       self.learner.get_weights())
+      # From here on (placing Ray actors has its own timeouts): the first step,
+      # its tracing included, then every step.
+      self.watchdog.phase('the first learner step (tracing)')
+      self.watchdog.start()
       iterator = iter(dataset)
       reached_target, interrupted = self._loop(iterator)
     except KeyboardInterrupt:

@@ -633,10 +633,6 @@ def _validate(c: Config):
             f'must ask for "GPU": {c.num_gpus} or more with --num_gpus={c.num_gpus} '
             f'(it asks for {asked:g}): Ray gives each learner worker only the GPUs '
             'it reserved, so without them workers would share or miss GPUs')
-  require(c.stall_timeout_secs == 0 or
-          c.stall_timeout_secs > c.learner_queue_timeout, 'stall_timeout_secs',
-          f'must be 0 (off) or > --learner_queue_timeout={c.learner_queue_timeout:g}, '
-          'so that data that stops is reported as such before the watchdog fires')
   need = max(1, math.ceil(c.replay_proportion))
   require(c.replay_proportion == 0 or c.replay_buffer_num_slots >= need,
           'replay_buffer_num_slots',

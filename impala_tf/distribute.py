@@ -251,7 +251,10 @@ def configure_devices(num_virtual_cpu_devices: int = 0, num_gpus: int = 0):
       # TF_FORCE_GPU_ALLOW_GROWTH=false keeps its default.
       if os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH', '').lower() != 'false':
         for gpu in want:
-          tf.config.experimental.set_memory_growth(gpu, True)
+          try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+          except ValueError as e:  # The caller gave it logical devices.
+            logging.warning('%s keeps its memory settings: %s', gpu.name, e)
     except RuntimeError:  # Initialised: the layout it has stays.
       visible = tf.config.get_visible_devices('GPU')
       missing = [d.name for d in want if d not in visible]

@@ -429,8 +429,12 @@ class _Run:
     # Set on the other workers when the agreement says one worker's actors or
     # data failed: they stop with a line naming it (its own line says why).
     self.other_failed: Optional[TrainingError] = None
+    # At least twice the loaders' timeout, so that data that stops is reported
+    # as such first.
+    stall = config.stall_timeout_secs and max(config.stall_timeout_secs,
+                                              2 * config.learner_queue_timeout)
     self.watchdog = watchdog_lib.Watchdog(
-        config.stall_timeout_secs, self.worker_index, self.num_workers,
+        stall, self.worker_index, self.num_workers,
         os.path.join(config.logdir, 'heartbeats'), on_stall)
 
   def _check_workers_agree(self, values: Dict[str, int], what: str):
@@ -483,7 +487,8 @@ class _Run:
         num_replicas=distribute.local_replicas(self.strategy)))
 
   def cleanup(self):
-    """Deletes this worker's temporary checkpoint directory (not the chief's)."""
+    """Stops the watchdog; deletes this worker's temporary checkpoint directory."""
+    self.watchdog.close()  # Whatever failed: no later exit from its thread.
     if self.tmpdir:
       shutil.rmtree(self.tmpdir, ignore_errors=True)
 
@@ -499,7 +504,12 @@ class _Run:
       replay = replay_lib.ReplayBuffer(
           config.replay_buffer_num_slots, config.replay_proportion,
           seed=self.actor_config.seed + self.num_resumes * 1_000_003)
-    source = self.source = data.ChunkSource(self.pool.get_chunk, replay)
+    def get_chunk():
+      chunk = self.pool.get_chunk()
+      self.watchdog.alive()  # Data still flows: a call may need many chunks.
+      return chunk
+
+    source = self.source = data.ChunkSource(get_chunk, replay)
     dataset = self._dataset(source)
     self.writer = (metrics_lib.MetricsWriter(config.logdir, config.to_dict())
                    if self.chief else None)
@@ -518,8 +528,8 @@ class _Run:
                       self.learner.get_weights())
       # From here on (placing Ray actors has its own timeouts): the first step,
       # its tracing included, then every step.
-      self.watchdog.phase('the first learner step (tracing)')
-      self.watchdog.start()
+      self.watchdog.phase(watchdog_lib.LEARNER_STEP)
+      self.watchdog.start(int(self.learner.learner_steps.numpy()))
       iterator = iter(dataset)
       reached_target, interrupted = self._loop(iterator)
     except KeyboardInterrupt:
@@ -543,6 +553,7 @@ class _Run:
             'is intact')
     finally:
       self.watchdog.phase('stopping: the actors, the final checkpoint')
+      self.watchdog.alive()  # The shutdown has its own clock.
       loop_done.set()
       self.internal_stop.set()
       # Let the loaders see the stop and return before the iterator is destroyed:
@@ -577,7 +588,6 @@ class _Run:
         self._save()
       if self.writer is not None:
         self.writer.close()
-      self.watchdog.close()
     def fatal():
       return [e for e in (self.peer_error, self.nonfinite_error, self.pool.error,
                           source.error, self.other_failed)

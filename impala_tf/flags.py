@@ -270,12 +270,13 @@ SECTIONS = (
               'workers still running are killed; the death is one line naming the '
               'worker. Range: > 0.'),
         _Flag('stall_timeout_secs', 'float',
-              'Progress watchdog: a learner that makes no step for this many '
-              'seconds (the first step\'s tracing included) stops the run with '
-              'one line saying where it is stuck; with several learner workers '
-              'the line names the worker the run waits for, from heartbeats in '
-              '--logdir/heartbeats. 0: off. Range: 0 or > '
-              '--learner_queue_timeout.'),
+              'Progress watchdog: a learner that makes no step, and gets no '
+              'data, for this many seconds (at least twice '
+              '--learner_queue_timeout, so data that stops is reported as such '
+              'first; the first step\'s tracing included) stops the run with one '
+              'line saying where it is stuck; with several learner workers the '
+              'line names the worker the run waits for, from heartbeats in '
+              '--logdir/heartbeats. 0: off. Range: >= 0.'),
         _Flag('learner_backend', 'enum',
               "Where --num_learner_workers > 1 (without TF_CONFIG) starts the "
               "workers: 'local' (processes on this host, TF_CONFIG on 127.0.0.1) or "

@@ -218,27 +218,33 @@ def with_user_code_location(error: config_lib.ConfigError,
                                 f'{error.allowed} (at {where})')
 
 
+def _ignore_in_handler(signum, frame):
+  """SIGINT/SIGTERM's Python handler: nothing (the wakeup fd carries the signal)."""
+  del signum, frame
+
+
 def _stop_on_signals(stop: threading.Event) -> None:
   """Sets `stop` on SIGINT and SIGTERM, within milliseconds.
 
   A Python signal handler runs only when the main thread runs Python code; while
   the learner waits inside a TensorFlow op for data that stalled actors do not
-  send, that is not until --learner_queue_timeout. So the handlers are also
-  reached through a wakeup fd: the C-level handler writes the signal number to a
-  pipe at once, and a thread reading it sets `stop`.
+  send, that is not until --learner_queue_timeout. So the signal is taken from a
+  wakeup fd: the C-level handler writes the signal number to a pipe at once, and a
+  thread reading it sets `stop`.
   """
-  # No lock: a handler may run again inside itself (a second signal arriving
-  # while the first is handled) and would wait forever on a lock it holds. Both
-  # paths may see one signal; at worst it is logged twice.
-  def on_signal(signum, frame):
-    del frame
+  def on_signal(signum):
     if stop.is_set():
       return
     stop.set()
     logging.info('Received signal %d: stopping cleanly.', signum)
 
-  signal.signal(signal.SIGTERM, on_signal)
-  signal.signal(signal.SIGINT, on_signal)
+  # The Python-level handler does nothing: a handler may run again inside itself
+  # (a second signal while the first is handled), and anything that takes a lock
+  # (Event.set does) would then wait forever on the lock its outer call holds. The
+  # C-level handler still writes the signal to the wakeup fd, and the thread below
+  # does the work.
+  signal.signal(signal.SIGTERM, _ignore_in_handler)
+  signal.signal(signal.SIGINT, _ignore_in_handler)
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -250,7 +256,7 @@ def _stop_on_signals(stop: threading.Event) -> None:
         return
       for signum in received:
         if signum in (signal.SIGINT, signal.SIGTERM):
-          on_signal(signum, None)
+          on_signal(signum)
 
   threading.Thread(target=watch, name='signal-watcher', daemon=True).start()
 

@@ -1,23 +1,27 @@
-"""A progress watchdog: a learner that makes no step for too long stops the run.
+"""A progress watchdog: a learner that makes no progress for too long stops the run.
 
 A learner worker that hangs (an env step or a device that never returns, a
 checkpoint write on a dead file system, a process frozen by the host) leaves every
 other worker of a multi-worker run waiting in its next collective, forever; the
 data pipeline's own timeout (--learner_queue_timeout) covers only data that stops.
 The `Watchdog` is a daemon thread per learner process. The run loop calls
-`progress(step)` after every learner call and `phase(name)` before each part of the
-loop (a plain attribute write: no lock, no I/O); when no progress is seen for
-`timeout_secs` the thread calls `on_stall` with one line, by default printed to
-stderr before the process exits with status 1 (the main thread may be blocked
-inside TensorFlow, where no Python exception reaches it). The newest checkpoint is
-as it was: checkpoints are written whole or not at all.
+`progress(step)` after every learner call, `alive()` when a chunk of data arrives,
+and `phase(name)` before each part of the loop (plain attribute writes: no lock, no
+I/O); when none of them is seen for `timeout_secs` the thread calls `on_stall`
+with one line, by default printed to stderr before the process exits with status 1
+(the main thread may be blocked inside TensorFlow, where no Python exception
+reaches it). The newest checkpoint is as it was: checkpoints are written whole or
+not at all.
 
-With several workers each thread also writes a heartbeat, `worker_I.json` in
-`heartbeat_dir` (a directory of the shared --logdir), every few seconds: its learner
-step, its phase and the time. A stalled worker's line names the worker(s) the run
-waits for: those whose heartbeat has stopped (a process frozen or a host gone),
-else those behind the others or in a phase other than the learner step, else
-every worker (all wait inside the step: a collective or a device hangs).
+With several workers a second thread writes a heartbeat, `worker_I.json` in
+`heartbeat_dir` (a directory of the shared --logdir), every few seconds (its learner
+step, its phase, a sequence number, pid and host) and reads the others', noting on
+its own clock when each last changed; the watch itself never touches the file
+system, so a hung one cannot stop it. A stalled worker's line names the worker(s)
+the run waits for: those not heard from during this run, those whose heartbeat
+stopped changing (a process frozen or a host gone), else those behind the others
+or outside the learner step and the agreement, else every worker (all wait inside
+a collective, or a device hangs).
 """
 
 import json
@@ -44,18 +48,24 @@ def _exit_on_stall(line: str) -> None:
 
 
 class Watchdog:
-  """Calls `on_stall(line)` once when no learner step is made for `timeout_secs`.
+  """Calls `on_stall(line)` once when the learner makes no progress for long.
+
+  Progress is a learner call that returned (`progress`) or a chunk of data that
+  reached the pipeline (`alive`): one call may need many chunks, so slow but
+  healthy data never counts as a stall, while a hung step soon stops the data too
+  (the bounded queue fills and the actors wait).
 
   Args:
-    timeout_secs: float, seconds without `progress` before the stall; 0: off
-      (`start` starts nothing; `phase` and `progress` still cost nothing).
+    timeout_secs: float, seconds without progress before the stall; 0: off
+      (`start` starts nothing; `phase`, `progress` and `alive` still cost
+      nothing).
     worker_index: int, this learner worker's index (0 for a single worker).
     num_workers: int >= 1, learner workers of the run.
     heartbeat_dir: directory every worker can read and write (the shared
       --logdir's `heartbeats/`); None: no heartbeats (a single worker).
     on_stall: called from the watchdog's thread with the one-line message; the
       default prints it to stderr and ends the process with status 1.
-    interval_secs: seconds between checks and heartbeat writes (default:
+    interval_secs: seconds between checks and heartbeats (default:
       min(10, timeout_secs / 5)).
   """
 
@@ -76,20 +86,29 @@ class Watchdog:
     self._phase = 'starting'
     self._last_progress = time.monotonic()
     self._closed = threading.Event()
-    self._thread: Optional[threading.Thread] = None
+    self._threads: List[threading.Thread] = []
+    self._seq = 0
+    # Per other worker: (its last heartbeat, local monotonic time it changed);
+    # the time is None until a heartbeat written during this run was seen.
+    self._seen: Dict[int, tuple] = {}
+    self._seen_lock = threading.Lock()  # Threads only; never a signal handler.
     self.stalled_line: Optional[str] = None
 
-  def start(self) -> 'Watchdog':
-    """Starts the clock and the thread (writes the first heartbeat)."""
+  def start(self, step: int = 0) -> 'Watchdog':
+    """Starts the clock at learner step `step`, and the thread(s)."""
+    self.step = int(step)
     self._last_progress = time.monotonic()
     if not self.timeout_secs:
       return self
+    targets = [self._watch]
     if self.heartbeat_dir:
-      os.makedirs(self.heartbeat_dir, exist_ok=True)
-      self._beat()
-    self._thread = threading.Thread(target=self._watch, name='watchdog',
-                                    daemon=True)
-    self._thread.start()
+      # Its own thread: a file system that hangs must not stop the watch.
+      targets.append(self._heartbeats)
+    for target in targets:
+      thread = threading.Thread(target=target, daemon=True,
+                                name=f'watchdog{target.__name__}')
+      thread.start()
+      self._threads.append(thread)
     return self
 
   def phase(self, name: str) -> None:
@@ -101,21 +120,28 @@ class Watchdog:
     self.step = int(step)
     self._last_progress = time.monotonic()
 
+  def alive(self) -> None:
+    """Progress without a step: data arrived, or the run began to stop."""
+    self._last_progress = time.monotonic()
+
   def close(self) -> None:
-    """Stops the thread; the heartbeat file stays (the run's last state)."""
+    """Stops the threads (waits for them briefly; they are daemons)."""
     self._closed.set()
-    if self._thread is not None:
-      self._thread.join()
+    for thread in self._threads:
+      thread.join(timeout=2 * self.interval_secs + 1)
 
   def _path(self, index: int) -> str:
     return os.path.join(self.heartbeat_dir, f'worker_{index}.json')
 
   def _beat(self) -> None:
+    self._seq += 1
     beat = {'worker': self.worker_index, 'step': self.step, 'phase': self._phase,
-            'time': time.time(), 'pid': os.getpid(), 'host': socket.gethostname()}
+            'seq': self._seq, 'time': time.time(), 'pid': os.getpid(),
+            'host': socket.gethostname()}
     path = self._path(self.worker_index)
     tmp = f'{path}.tmp'
     try:
+      os.makedirs(self.heartbeat_dir, exist_ok=True)
       with open(tmp, 'w') as f:
         json.dump(beat, f)
       os.replace(tmp, path)
@@ -123,7 +149,7 @@ class Watchdog:
       pass  # A full or gone file system: the stall line still comes.
 
   def read_heartbeats(self) -> Dict[int, Optional[dict]]:
-    """Every worker's last heartbeat (None where there is none or it is unreadable)."""
+    """Every worker's heartbeat file (None where there is none or it is unreadable)."""
     beats = {}
     for i in range(self.num_workers):
       try:
@@ -133,10 +159,31 @@ class Watchdog:
         beats[i] = None
     return beats
 
+  def _heartbeats(self) -> None:
+    """Writes this worker's heartbeat and notes when the others' change."""
+    first = {i: b for i, b in self.read_heartbeats().items()}  # Older runs'.
+    while True:
+      self._beat()
+      now = time.monotonic()
+      for i, beat in self.read_heartbeats().items():
+        with self._seen_lock:
+          old, changed = self._seen.get(i, (first.get(i), None))
+          if beat is not None and beat != old:
+            old, changed = beat, now
+          self._seen[i] = (old, changed)
+      if self._closed.wait(self.interval_secs):
+        return
+
+  def others(self) -> Dict[int, Optional[dict]]:
+    """Each worker's last heartbeat written during this run, with `age` (local
+    seconds since it last changed); None for a worker not heard from yet."""
+    now = time.monotonic()
+    with self._seen_lock:
+      return {i: None if changed is None else dict(beat, age=now - changed)
+              for i, (beat, changed) in self._seen.items()}
+
   def _watch(self) -> None:
     while not self._closed.wait(self.interval_secs):
-      if self.heartbeat_dir:
-        self._beat()
       idle = time.monotonic() - self._last_progress
       if idle >= self.timeout_secs:
         self.stalled_line = self.stall_line(idle)
@@ -144,45 +191,46 @@ class Watchdog:
         return
 
   def stall_line(self, idle_secs: float) -> str:
-    """The one-line message of a stall after `idle_secs` without a step."""
+    """The one-line message of a stall after `idle_secs` without progress."""
     who = (f'learner worker {self.worker_index}: ' if self.num_workers > 1
            else '')
     line = (f'{who}no learner step for {idle_secs:.0f} s (--stall_timeout_secs='
             f'{self.timeout_secs:g}); the last was step {self.step}, and it is '
             f'now in: {self._phase}')
     if self.heartbeat_dir:
-      line += '; ' + describe_waiting(self.read_heartbeats(), self.worker_index,
-                                      self.interval_secs * STALE_INTERVALS,
-                                      self.heartbeat_dir)
+      beats = self.others()
+      beats[self.worker_index] = dict(step=self.step, phase=self._phase, age=0.0)
+      line += '; ' + describe_waiting(
+          {i: beats.get(i) for i in range(self.num_workers)}, self.worker_index,
+          self.interval_secs * STALE_INTERVALS, self.heartbeat_dir)
     return ' '.join((
         line + '; the run stops; the newest checkpoint in --logdir is intact: '
         'rerun the same command to resume').split())
 
 
 def describe_waiting(beats: Dict[int, Optional[dict]], me: int,
-                     stale_secs: float, heartbeat_dir: str,
-                     now: Optional[float] = None) -> str:
+                     stale_secs: float, heartbeat_dir: str) -> str:
   """Names the worker(s) a stalled run waits for, from their heartbeats.
 
   Args:
-    beats: worker index -> its heartbeat dict (`step`, `phase`, `time`) or None.
+    beats: worker index -> its last heartbeat of this run (`step`, `phase`, and
+      `age`, the local seconds since it last changed), or None when none was seen.
     me: this worker's index.
-    stale_secs: a heartbeat older than this is from a process that stopped.
+    stale_secs: a heartbeat unchanged for longer is from a process that stopped.
     heartbeat_dir: where the heartbeats are (named when one is missing).
-    now: the time (default: time.time()).
 
   Returns:
     str, part of the stall line.
   """
-  now = time.time() if now is None else now
   missing = [i for i, b in beats.items() if b is None]
   if missing:
-    return (f'no heartbeat from learner worker(s) {_names(missing)} in '
-            f'{heartbeat_dir} (is --logdir one directory every worker shares?)')
-  stale = [i for i, b in beats.items() if now - b['time'] > stale_secs]
+    return (f'no heartbeat from learner worker(s) {_names(missing)} since this '
+            f'one started (still starting, hung before its first step, or '
+            f'{heartbeat_dir} is not one directory every worker shares)')
+  stale = [i for i, b in beats.items() if b['age'] > stale_secs]
   if stale:
     return '; '.join(
-        f'learner worker {i} stopped answering {now - beats[i]["time"]:.0f} s ago '
+        f'learner worker {i} stopped answering {beats[i]["age"]:.0f} s ago '
         f'(at step {beats[i]["step"]}, in: {beats[i]["phase"]}; its process is '
         f'frozen or its host gone: pid {beats[i].get("pid")} on '
         f'{beats[i].get("host")})' for i in stale)

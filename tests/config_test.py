@@ -54,8 +54,6 @@ CONFIG_ERRORS = [
     (dict(num_sgd_iter=0), 'num_sgd_iter', '0'),
     (dict(learner_queue_size=0), 'learner_queue_size', '0'),
     (dict(stall_timeout_secs=-1.0), 'stall_timeout_secs', '-1.0'),
-    # The watchdog must leave the loaders' timeout (300 s) room to fire first.
-    (dict(stall_timeout_secs=100.0), 'stall_timeout_secs', '100.0'),
     (dict(replay_proportion=float('inf')), 'replay_proportion', 'inf'),
     (dict(replay_proportion=-0.5), 'replay_proportion', '-0.5'),
     (dict(replay_buffer_num_slots=-1), 'replay_buffer_num_slots', '-1'),

@@ -815,7 +815,6 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
     assert r['comps_equal'], name  # Every mirror holds the same value.
     if specs[name].get('popart'):
       # ... and what each replica computed agreed before the first's was taken.
-      assert r['diags1']['popart_replica_spread'] == 0.0, (name, r['diags1'])
       assert r['diags2']['popart_replica_spread'] < 1e-6, (name, r['diags2'])
     if name == 'nonfinite':
       assert r['moved'] == 0.0 and r['max_weight_diff'] == 0.0, r

@@ -6,6 +6,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from impala_tf import watchdog
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# The torso that hangs: --network=testdata.torsos:hangs_in_the_learner.
+TORSOS = REPO / 'testdata' / 'torsos.py'
 
 
 def _wait_for(lines, secs=5.0):
@@ -49,7 +52,7 @@ def test_steps_within_the_timeout_keep_it_quiet_and_close_ends_the_thread():
     time.sleep(0.05)
   dog.close()
   assert lines == []
-  assert not dog._thread.is_alive()  # pylint: disable=protected-access
+  assert not any(t.is_alive() for t in dog._threads)  # pylint: disable=protected-access
   time.sleep(0.6)  # Closed: no line later either.
   assert lines == []
 
@@ -58,24 +61,24 @@ def test_zero_is_off_and_negative_is_an_error():
   lines = []
   dog = watchdog.Watchdog(0, on_stall=lines.append, interval_secs=0.01).start()
   time.sleep(0.2)
-  assert lines == [] and dog._thread is None  # pylint: disable=protected-access
+  assert lines == [] and not dog._threads  # pylint: disable=protected-access
   dog.close()
   with pytest.raises(ValueError, match='timeout_secs must be >= 0, got -1'):
     watchdog.Watchdog(-1)
 
 
-def test_heartbeat_files_hold_step_phase_and_time(tmp_path):
+def test_heartbeat_files_hold_step_phase_and_sequence(tmp_path):
   d = str(tmp_path / 'heartbeats')
   dog = watchdog.Watchdog(60, 1, 2, d, on_stall=lambda _: None,
                           interval_secs=0.05).start()
   dog.progress(42)
   dog.phase(watchdog.AGREEMENT)
   time.sleep(0.3)
+  dog.close()  # No write after this: the file is the last heartbeat.
   beat = json.loads((tmp_path / 'heartbeats' / 'worker_1.json').read_text())
-  dog.close()
   assert beat['worker'] == 1 and beat['step'] == 42
   assert beat['phase'] == watchdog.AGREEMENT and beat['pid'] == os.getpid()
-  assert abs(beat['time'] - time.time()) < 5
+  assert abs(beat['time'] - time.time()) < 5 and beat['seq'] >= 2
   assert dog.read_heartbeats() == {0: None, 1: beat}
   # A single worker writes none.
   single = watchdog.Watchdog(60, heartbeat_dir=str(tmp_path / 'single'),
@@ -104,14 +107,15 @@ def test_two_workers_the_waiting_one_names_the_one_outside_the_step(tmp_path):
   assert 'the other workers wait for this one' in lines[1][0]
 
 
-def _beat(step, phase, age=0.0, now=1000.0):
-  return {'step': step, 'phase': phase, 'time': now - age, 'pid': 7, 'host': 'h'}
+def _beat(step, phase, age=0.0):
+  return {'step': step, 'phase': phase, 'age': age, 'pid': 7, 'host': 'h'}
 
 
 @pytest.mark.parametrize('beats, expected', [
     ({0: _beat(3, watchdog.LEARNER_STEP), 1: None},
-     'no heartbeat from learner worker(s) 1 in HB (is --logdir one directory '
-     'every worker shares?)'),
+     'no heartbeat from learner worker(s) 1 since this one started (still '
+     'starting, hung before its first step, or HB is not one directory every '
+     'worker shares)'),
     ({0: _beat(3, watchdog.LEARNER_STEP), 1: _beat(3, 'writing metrics', age=50)},
      'learner worker 1 stopped answering 50 s ago (at step 3, in: writing '
      'metrics; its process is frozen or its host gone: pid 7 on h)'),
@@ -129,11 +133,41 @@ def _beat(step, phase, age=0.0, now=1000.0):
      'checkpoint)'),
 ])
 def test_describe_waiting_names_the_worker_from_the_heartbeats(beats, expected):
-  assert watchdog.describe_waiting(beats, 0, 30.0, 'HB', now=1000.0) == expected
+  assert watchdog.describe_waiting(beats, 0, 30.0, 'HB') == expected
+
+
+def test_an_earlier_runs_heartbeat_is_not_taken_for_this_runs(tmp_path):
+  # Worker 1's file is left from an earlier run; this run's worker 1 never wrote.
+  d = tmp_path / 'hb'
+  d.mkdir()
+  (d / 'worker_1.json').write_text(json.dumps(
+      {'worker': 1, 'step': 900, 'phase': 'writing metrics', 'seq': 5,
+       'time': time.time() - 86400, 'pid': 1, 'host': 'old'}))
+  lines = []
+  dog = watchdog.Watchdog(0.4, 0, 2, str(d), on_stall=lines.append,
+                          interval_secs=0.05).start(step=900)
+  assert _wait_for(lines)
+  dog.close()
+  assert 'the last was step 900' in lines[0]
+  assert 'no heartbeat from learner worker(s) 1 since this one started' in lines[0]
+
+
+def test_a_file_system_that_hangs_does_not_stop_the_watch(tmp_path, monkeypatch):
+  lines = []
+  dog = watchdog.Watchdog(0.3, 0, 2, str(tmp_path / 'hb'), on_stall=lines.append,
+                          interval_secs=0.05)
+  hang = threading.Event()
+  monkeypatch.setattr(dog, 'read_heartbeats', lambda: (hang.wait(), {})[1])
+  dog.start()
+  assert _wait_for(lines), 'a hung heartbeat read stopped the watch'
+  hang.set()
+  dog.close()
+  assert 'no heartbeat from learner worker(s) 1' in lines[0]
 
 
 def test_a_learner_step_that_never_returns_stops_the_run_with_one_line(tmp_path):
   """Without the watchdog this run hangs forever (the test's timeout fails it)."""
+  assert TORSOS.is_file()
   logdir = tmp_path / 'run'
   env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep +
              os.environ.get('PYTHONPATH', ''), CUDA_VISIBLE_DEVICES='',
@@ -160,3 +194,7 @@ def test_a_learner_step_that_never_returns_stops_the_run_with_one_line(tmp_path)
   # What the run wrote before it hung is there: the metrics of its two steps.
   rows = [json.loads(l) for l in (logdir / 'metrics.jsonl').read_text().splitlines()]
   assert rows and max(r['learner_steps'] for r in rows) == 2, rows
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

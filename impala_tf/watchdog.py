@@ -161,7 +161,7 @@ class Watchdog:
 
   def _heartbeats(self) -> None:
     """Writes this worker's heartbeat and notes when the others' change."""
-    first = {i: b for i, b in self.read_heartbeats().items()}  # Older runs'.
+    first = self.read_heartbeats()  # Left by earlier runs: not this run's.
     while True:
       self._beat()
       now = time.monotonic()

@@ -39,7 +39,7 @@ import math
 import os
 import re
 import sys
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from absl import flags as absl_flags
 
@@ -52,423 +52,44 @@ EXIT_USAGE = 2
 
 _NONE_SPELLINGS = ('none', '')
 
-# One flag: the Config field it sets, its kind and its help text. The help gives the
-# meaning (with the RLlib / scalable_agent name where ours differs), the unit and the
-# valid range; absl appends the default and the type.
+# One flag: the Config field it sets, its kind and its help text (from the field's
+# `config.option`).
 _Flag = collections.namedtuple('_Flag', ['name', 'kind', 'help'])
 
 # Kinds: 'string', 'int', 'float', 'bool', 'enum', 'optional_float', 'int_list',
 # 'network' (a string: one of NETWORKS or MODULE:FUNCTION, checked by Config).
-_ENUM_VALUES = {
-    'env_vectorization': config_lib.ENV_VECTORIZATIONS,
-    'env_backend': config_lib.ENV_BACKENDS,
-    'actor_backend': config_lib.ACTOR_BACKENDS,
-    'learner_backend': config_lib.LEARNER_BACKENDS,
-    'learner_jit': config_lib.LEARNER_JIT,
-    'reward_clipping': config_lib.REWARD_CLIPPINGS,
-    'loss_reduction': config_lib.LOSS_REDUCTIONS,
-    'optimizer': config_lib.OPTIMIZERS,
-    'rmsprop_style': config_lib.RMSPROP_STYLES,
-    'network': config_lib.NETWORKS + ('MODULE:FUNCTION',),
+_KINDS = {
+    int: 'int',
+    float: 'float',
+    bool: 'bool',
+    Optional[bool]: 'bool',
+    str: 'string',
+    Optional[float]: 'optional_float',
+    Tuple[int, ...]: 'int_list',
 }
 
-_SCHEDULE_HELP = (
-    "'constant'; 'linear' (decay to 0 at --total_environment_frames); or "
-    "piecewise-linear points 'FRAMES:VALUE,FRAMES:VALUE,...' over env frames with "
-    'increasing FRAMES, VALUE being the value at that frame, held constant outside '
-    'the points; FRAMES written P% are that share of --total_environment_frames '
-    '(all points or none) and VALUE written Vx is V times the base value, so '
-    "'0%:1x,30%:0.15x,100%:0x' follows --learning_rate and the run's length; the "
-    'position is the fresh env frames trained on')
 
-# (key, title, flags). The order is the order of --helpfull and docs/flags.md.
-SECTIONS = (
-    ('environment', 'Environment', (
-        _Flag('env', 'string',
-              'Gymnasium environment id, e.g. CartPole-v1 (classic control, vector '
-              'observations) or ALE/Pong-v5 (Atari with DeepMind preprocessing; '
-              'needs the atari extra, ale-py).'),
-        _Flag('env_vectorization', 'enum',
-              "How an actor steps its num_envs_per_actor envs: 'sync' (gymnasium "
-              "SyncVectorEnv, in the actor's thread), 'async' (AsyncVectorEnv, one "
-              "subprocess per env), 'auto' (the env's own batched implementation "
-              "where gymnasium registers one, e.g. CartPole; else 'sync'). Only "
-              "'auto' with EnvPool, which vectorizes in C++."),
-        _Flag('env_backend', 'enum',
-              "Atari emulator backend: 'gymnasium' (ale-py with gymnasium's "
-              "wrappers, stepped as --env_vectorization says), 'envpool' (EnvPool's "
-              "C++ thread pool; needs pip install envpool, in the atari extra), "
-              "'auto' (EnvPool for the Atari games it has when it is installed and "
-              "--noop_max >= 1, else gymnasium; one line on stderr says so when "
-              "envpool is installed but does not import). Both give the same "
-              'preprocessing, episode ends, returns and observation layout. '
-              'Non-Atari envs always use gymnasium. The backend a run used is '
-              'written to its config.json and its first log line.'),
-        _Flag('envpool_num_threads', 'int',
-              "With EnvPool: C++ threads of each actor's env pool; 0 is EnvPool's "
-              "default, one per env up to the machine's cores (per actor: with many "
-              'actors on many cores, set it to about cores / num_actors). '
-              'Range: >= 0.'),
-        _Flag('noop_max', 'int',
-              'Atari: up to this many no-op frames (a random number) after each '
-              'reset (DeepMind preprocessing). 0 disables. Range: >= 0.'),
-        _Flag('episodic_life', 'bool',
-              'Atari: a lost life ends the episode for the learner (terminated), as '
-              'in the paper; the game goes on, and reported episode returns remain '
-              'whole-game scores.'),
-        _Flag('frame_stack', 'int',
-              'Atari: number of most recent 84x84 grayscale frames stacked into one '
-              'observation (1 with --use_lstm: the LSTM replaces the stack). '
-              'Range: >= 1.'),
-        _Flag('max_episode_frames', 'int',
-              'Time limit of an episode in env frames: Atari emulator frames '
-              '(108000 = 30 minutes of play), agent steps for other envs (which '
-              'also keep their registered limit). Reaching it truncates the '
-              'episode: bootstrapped, not terminal. Range: >= 1.'),
-        _Flag('env_step_timeout_secs', 'float',
-              "--env_vectorization=async: seconds an actor waits for one step of "
-              'its envs; an env that takes longer is treated as hung: the actor is '
-              'restarted with fresh env processes (like an env that raises). '
-              'Refused with EnvPool (no env processes). Range: > 0.'),
-    )),
-    ('actors', 'Actors', (
-        _Flag('num_actors', 'int',
-              'Actors, each stepping one vector env with a policy snapshot (a '
-              'thread or a Ray actor process, see --actor_backend; RLlib: '
-              'num_workers / num_env_runners). Range: >= 1.'),
-        _Flag('num_envs_per_actor', 'int',
-              'Environments in each actor\'s vector env (RLlib: '
-              'num_envs_per_worker). Range: >= 1.'),
-        _Flag('unroll_length', 'int',
-              'T: agent steps per unroll; an unroll holds T+1 steps, overlapping the '
-              'next by one (RLlib: rollout_fragment_length, formerly '
-              'sample_batch_size; scalable_agent: unroll_length). Range: >= 1.'),
-        _Flag('broadcast_interval', 'int',
-              'Learner updates between refreshes of the actors\' policy snapshots '
-              '(RLlib: broadcast_interval). Range: >= 1.'),
-        _Flag('actor_backend', 'enum',
-              "Where actors run: 'threads' (threads of the learner's process; "
-              "cheapest start), 'processes' (one local child process each, unrolls "
-              'and weights through shared memory: acting takes no share of the '
-              "learner's interpreter lock) or 'ray' (one Ray actor process each, on "
-              'this machine or a Ray cluster; needs the ray extra). All produce the '
-              'same unrolls; see docs/scaling.md.'),
-        _Flag('ray_address', 'string',
-              "With --actor_backend=ray: '' starts a local Ray instance sized to "
-              'this machine, listening on 127.0.0.1 only, without dashboard, shut '
-              "down at exit; 'auto' or an address (HOST:PORT of `ray start "
-              "--head`) joins that cluster and leaves it running."),
-        _Flag('ray_connect_timeout_secs', 'float',
-              'With --actor_backend=ray and a --ray_address: seconds the cluster '
-              'has to answer and accept this driver before the run stops with one '
-              'line naming the address. Range: > 0.'),
-        _Flag('ray_actor_resources', 'string',
-              'With --actor_backend=ray: the Ray resources each actor reserves, a '
-              'JSON object such as {"CPU": 1} or {"CPU": 1, "actor_node": 1} (a '
-              'custom resource of `ray start --resources` places actors on those '
-              'nodes); {} reserves nothing. Range: numbers >= 0.'),
-        _Flag('max_actor_restarts', 'int',
-              'With --actor_backend=ray or processes: actor processes replaced over '
-              'the whole run (all actors together; each replacement waits 1, 2, 4, '
-              '... up to 30 s after its actor died again without an unroll); one '
-              'more death stops the run with one line naming its cause. Range: >= 0.'),
-        _Flag('actor_unroll_timeout_secs', 'float',
-              'With --actor_backend=ray: an actor that answers no unroll within '
-              'this many seconds of starting on it (a hung env step) is killed and '
-              'replaced, counting as a restart. Range: > 0.'),
-        _Flag('ray_placement_timeout_secs', 'float',
-              'With --actor_backend=ray: seconds the run waits, at its start, for '
-              'the Ray cluster to have the resources of all --num_actors actors '
-              'available at once (a busy cluster freeing them, an autoscaling one '
-              'adding nodes), saying what it waits for; then it stops with one '
-              'line. Range: > 0.'),
-        _Flag('ray_runtime_env', 'string',
-              "With --actor_backend=ray: '' (the actors' nodes have the code and "
-              "packages already) or Ray's runtime_env for every actor as a JSON "
-              'object with keys working_dir, py_modules, pip, env_vars, excludes, '
-              'e.g. {"working_dir": "."} ships this checkout (impala_tf and your '
-              'env modules) to nodes that do not have it; {"pip": [...]} installs '
-              'packages there.'),
-    )),
-    ('data', 'Data pipeline', (
-        _Flag('batch_size', 'int',
-              'Unrolls per learner update, split evenly across the learner replicas '
-              '(RLlib: train_batch_size, which counts steps: batch_size x '
-              'unroll_length). Range: >= 1, a multiple of the number of replicas.'),
-        _Flag('num_data_loader_buffers', 'int',
-              'Parallel tf.data loaders (interleave cycle length) filling batches '
-              'while the learner trains (RLlib: num_data_loader_buffers). '
-              'Range: >= 1.'),
-        _Flag('minibatch_buffer_size', 'int',
-              'Ring of recent batches that reuse (num_sgd_iter > 1) interleaves over '
-              '(RLlib: minibatch_buffer_size). Range: >= 1.'),
-        _Flag('num_sgd_iter', 'int',
-              'Times each batch is used for an SGD update (RLlib: num_sgd_iter). '
-              'With minibatch_buffer_size 1 the learner makes the k updates on a '
-              'batch in one call, fetching it once (so a call makes a multiple of '
-              'k steps); with a larger ring, tf.data replays the ring. '
-              'Range: >= 1.'),
-        _Flag('replay_proportion', 'float',
-              'Replayed unrolls mixed in per fresh unroll: floor(p), plus one more '
-              'with probability frac(p) (RLlib: replay_proportion). 0 disables '
-              'replay. Range: >= 0.'),
-        _Flag('replay_buffer_num_slots', 'int',
-              'Replay FIFO capacity in unrolls: replays are drawn uniformly from the '
-              'last this many fresh unrolls (RLlib: replay_buffer_num_slots). '
-              'Range: >= 0; >= max(1, ceil(replay_proportion)) when '
-              'replay_proportion > 0.'),
-        _Flag('learner_queue_size', 'int',
-              'Capacity of the bounded queue from the actors to the learner\'s data '
-              'pipeline, in actor chunks of num_envs_per_actor unrolls; a full '
-              'queue blocks the actors (RLlib: learner_queue_size, in batches). '
-              'Range: >= 1.'),
-        _Flag('learner_queue_timeout', 'float',
-              'Seconds the learner waits for data before stopping the run with an '
-              'error (RLlib: learner_queue_timeout). Range: > 0.'),
-    )),
-    ('learner', 'Learner and devices', (
-        _Flag('learner_steps_per_call', 'int',
-              'Learner steps per call into TensorFlow: k steps run in one '
-              'tf.while_loop over the data iterator, so the Python-to-TensorFlow '
-              'call, the weights published to the actors and the metrics read are '
-              'paid once per k steps (Keras: steps_per_execution). The update is the '
-              'same; the actors\' policy lags up to k - 1 steps more. Range: >= 1.'),
-        _Flag('learner_jit', 'enum',
-              "XLA for the learner's per-replica gradient (forward and backward "
-              "pass, V-trace, losses): 'on', 'off', or 'auto' (what measured "
-              "faster on the device type: off on the CPU, where XLA's convolutions "
-              "are slower; GPUs not measured yet, so off). 'on' with several "
-              'replicas needs no whole-batch sum before the gradient: not with '
-              "--popart, --loss_reduction=mean or --normalize_advantages."),
-        _Flag('num_gpus', 'int',
-              'Learner GPUs, one MirroredStrategy replica each; each batch is split '
-              'evenly across them. 0: learn on the CPU (RLlib: num_gpus). '
-              'Range: >= 0.'),
-        _Flag('num_virtual_cpu_devices', 'int',
-              'Split the CPU into this many logical devices, one learner replica '
-              'each (multi-tower learning without GPUs, for testing). 0: the CPU is '
-              'one device. Range: >= 0; 0 when --num_gpus is set.'),
-        _Flag('tf_inter_op_threads', 'int',
-              "Threads of TensorFlow's inter-op pool in the trainer process (RLlib: "
-              'tf_session_args.inter_op_parallelism_threads). -1: auto, 1 where the '
-              'learner is one CPU replica and thread actors act with numpy (a '
-              'feed-forward MLP): there one thread measured 1.0-1.5x the env frames/s '
-              'of the CartPole defaults and 1.2x the learner frames/s with '
-              "--num_sgd_iter=4 on 2 cores (docs/benchmarks.md); else TensorFlow's "
-              "default. 0: TensorFlow's default (one per core). Range: >= -1."),
-        _Flag('num_learner_workers', 'int',
-              'Learner worker processes (tf.distribute.MultiWorkerMirroredStrategy '
-              'over all their replicas; each worker has its own --num_actors '
-              'actors). > 1 without TF_CONFIG: starts that many workers on this host, '
-              'TF_CONFIG on 127.0.0.1 ports (TensorFlow listens on them on all '
-              'interfaces: docs/scaling.md). A process started with a TF_CONFIG '
-              'naming several workers is that worker (this flag then must be 1 or '
-              "their number). --batch_size is the global batch. Range: >= 1."),
-        _Flag('learner_worker_timeout_secs', 'float',
-              'With --num_learner_workers > 1 (started on this host): seconds '
-              'after one worker dies, or after a forwarded Ctrl-C / SIGTERM, before '
-              'workers still running are killed; the death is one line naming the '
-              'worker. Range: > 0.'),
-        _Flag('stall_timeout_secs', 'float',
-              'Progress watchdog: a learner that makes no step, and gets no '
-              'data, for this many seconds (at least twice '
-              '--learner_queue_timeout, so data that stops is reported as such '
-              'first; the first step\'s tracing included) stops the run with one '
-              'line saying where it is stuck; with several learner workers the '
-              'line names the worker the run waits for, from heartbeats in '
-              '--logdir/heartbeats. 0: off. Range: >= 0.'),
-        _Flag('learner_backend', 'enum',
-              "Where --num_learner_workers > 1 (without TF_CONFIG) starts the "
-              "workers: 'local' (processes on this host, TF_CONFIG on 127.0.0.1) or "
-              "'ray' (Ray actors at --ray_address, '' for a local Ray, each with "
-              '--ray_learner_resources, TF_CONFIG wired from the nodes they landed '
-              "on; needs pip install -e '.[ray]')."),
-        _Flag('ray_learner_resources', 'string',
-              'With --learner_backend=ray: the Ray resources each learner worker '
-              'reserves, a JSON object such as {"CPU": 1} or {"GPU": 1} (give '
-              '--num_gpus to match). Range: numbers >= 0.'),
-    )),
-    ('loss', 'Loss', (
-        _Flag('discounting', 'float',
-              'Discount per agent step, gamma (RLlib: gamma; scalable_agent: '
-              'discounting). Range: [0, 1].'),
-        _Flag('baseline_cost', 'float',
-              'Weight of the baseline loss 0.5 * sum (v_s - V(x_s))^2 (RLlib: '
-              'vf_loss_coeff; scalable_agent applies another 0.5). Range: >= 0.'),
-        _Flag('entropy_cost', 'float',
-              'Weight of the entropy bonus (RLlib: entropy_coeff). Range: >= 0.'),
-        _Flag('entropy_cost_schedule', 'string',
-              'Schedule of entropy_cost (RLlib: entropy_coeff_schedule): '
-              + _SCHEDULE_HELP + '.'),
-        _Flag('vtrace', 'bool',
-              'Correct for the actors\' stale policies with V-trace; --novtrace uses '
-              'no importance weighting (RLlib: vtrace).'),
-        _Flag('clip_rho_threshold', 'optional_float',
-              'rho-bar: clip of the importance weights in the V-trace value targets '
-              '(RLlib: vtrace_clip_rho_threshold). A number > 0, or none for no '
-              'clipping.'),
-        _Flag('clip_pg_rho_threshold', 'optional_float',
-              'rho-bar-pg: clip of the importance weights in the policy-gradient '
-              'advantages (RLlib: vtrace_clip_pg_rho_threshold). A number > 0, or '
-              'none for no clipping.'),
-        _Flag('vtrace_lambda', 'float',
-              'lambda in the V-trace traces c_t = lambda * min(1, rho_t) (SEED RL); '
-              '1 is the paper\'s V-trace. Range: [0, 1].'),
-        _Flag('reward_clipping', 'enum',
-              "Rewards as the learner sees them: 'abs_one' clips to [-1, 1] (the "
-              "paper's Atari setting), 'soft_asymmetric' squashes with tanh and "
-              "scales negatives by 0.3 (scalable_agent, DMLab), 'none' leaves them. "
-              'Reported returns are never clipped.'),
-        _Flag('reward_scale', 'float',
-              'Multiply rewards by this before --reward_clipping, as the learner '
-              'sees them (e.g. 0.01 brings CartPole\'s value targets near 1). '
-              'Reported returns are never scaled. Range: > 0.'),
-        _Flag('loss_reduction', 'enum',
-              "'sum': every loss term is a sum over the T x B valid steps of the "
-              "batch (the paper, scalable_agent); 'mean': divided by the number of "
-              'valid steps in the whole batch (RLlib). The same update on any '
-              'number of replicas either way; docs/flags.md says how learning '
-              'rate, grad_clip and adam_epsilon translate between them.'),
-        _Flag('popart', 'bool',
-              'PopArt value normalisation (van Hasselt et al. 2016; Hessel et al. '
-              '2019): the value head predicts (V - mu) / sigma from running moments '
-              'of the V-trace targets, rescaled so its outputs in return units are '
-              'preserved when mu and sigma move; the baseline loss and the policy-'
-              'gradient advantages are divided by sigma, so the step no longer '
-              'depends on the reward scale.'),
-        _Flag('popart_beta', 'float',
-              'Step size of PopArt\'s running first and second moments of the '
-              'V-trace targets (debiased like Adam\'s, so the first batch sets '
-              'them). Hessel et al. use 3e-4 on Atari. Range: (0, 1].'),
-        _Flag('popart_sigma_floor', 'float',
-              'PopArt\'s sigma is kept at least this fraction of the largest '
-              'spread of the targets so far: when the targets come to be all alike '
-              '(every episode at a time limit) their spread would shrink towards 0 '
-              'and blow the normalised value errors up by 1/sigma until the value '
-              'term swamps the step. Relative to that peak, the floor moves with '
-              'neither the scale nor the shift of the returns. 0: only the fixed '
-              'bound 1e-4. Range: [0, 1].'),
-        _Flag('ppo_clip', 'float',
-              'Clip range epsilon of a clipped-surrogate policy loss (APPO, as in '
-              'RLlib and Sample Factory): -min(r A, clip(r, 1 - eps, 1 + eps) A), '
-              'r the ratio of the learner\'s policy to the behaviour policy of the '
-              'action, A V-trace\'s policy-gradient advantage; value targets stay '
-              'V-trace\'s. It bounds how far a batch used --num_sgd_iter times can '
-              'move the policy. 0: IMPALA\'s -log pi(a) A. Range: [0, 1).'),
-        _Flag('normalize_advantages', 'bool',
-              'Normalise the policy-gradient advantages to zero mean and unit '
-              'variance over the valid steps of each batch (the whole batch, on '
-              'every replica), as PPO implementations do; the advantages of a '
-              'batch then never all push the same way.'),
-        _Flag('loss_term_grad_norms', 'bool',
-              'Log the gradient norm of each weighted loss term (policy, baseline, '
-              'entropy) on the same batch (grad_norm_policy, grad_norm_baseline, '
-              'grad_norm_entropy): three backward passes instead of one, paid only '
-              'on the learner call just before each metrics line (and the first; on '
-              'every call with several learner workers).'),
-    )),
-    ('optimizer', 'Optimizer', (
-        _Flag('optimizer', 'enum',
-              "'rmsprop' with the original IMPALA (TF1) semantics: epsilon inside "
-              "the square root, accumulator starting at 1; or 'adam' (RLlib: "
-              'opt_type).'),
-        _Flag('learning_rate', 'float',
-              'Initial learning rate (RLlib: lr). Range: > 0.'),
-        _Flag('lr_schedule', 'string',
-              'Schedule of the learning rate (RLlib: lr_schedule): '
-              + _SCHEDULE_HELP + ". The paper uses 'linear'."),
-        _Flag('rmsprop_decay', 'float',
-              'RMSProp decay of the mean square (RLlib: decay). Range: [0, 1).'),
-        _Flag('rmsprop_momentum', 'float',
-              'RMSProp momentum (RLlib: momentum). Range: [0, 1).'),
-        _Flag('rmsprop_epsilon', 'float',
-              'RMSProp epsilon: added inside the square root with '
-              '--rmsprop_style=tf1 (RLlib: epsilon; scalable_agent: 0.1), to the '
-              'root with torch. Range: > 0.'),
-        _Flag('rmsprop_style', 'enum',
-              "RMSProp's form. tf1 (the paper's, scalable_agent's, TF1's "
-              'RMSPropOptimizer): w -= lr g / sqrt(ms + epsilon), ms starting at 1. '
-              "torch (PyTorch's torch.optim.RMSprop, TorchBeast's): w -= lr g / "
-              '(sqrt(ms) + epsilon), ms starting at 0. With epsilon 0.01 and small '
-              'gradients a torch step is up to 10x a tf1 step at the same '
-              'learning rate; see "RMSProp: tf1 or torch" below.'),
-        _Flag('adam_beta1', 'float', 'Adam beta1. Range: [0, 1).'),
-        _Flag('adam_beta2', 'float', 'Adam beta2. Range: [0, 1).'),
-        _Flag('adam_epsilon', 'float', 'Adam epsilon. Range: > 0.'),
-        _Flag('grad_clip', 'float',
-              'Clip of the global gradient norm, applied once after the '
-              'cross-replica all-reduce (RLlib: grad_clip). 0 disables clipping. '
-              'Range: >= 0.'),
-        _Flag('max_nonfinite_updates', 'int',
-              'An update whose loss or gradient is NaN or Inf is skipped (weights '
-              'and optimizer slots unchanged; counted as nonfinite_updates in the '
-              'metrics); this many in a row stop the run with an error, keeping '
-              'the last checkpoint. Range: >= 1.'),
-    )),
-    ('network', 'Network', (
-        _Flag('network', 'network',
-              "Torso: 'mlp' for vector observations, 'shallow' or 'deep' (ResNet) "
-              "for images (paper, Fig. 3); 'auto' picks mlp for vector observations "
-              "and deep for images; or MODULE:FUNCTION, your own torso: "
-              'FUNCTION(observation_space, action_space) returns a Keras model or '
-              'layer, a tf.Module or a callable mapping float32 [B, *obs_shape] to '
-              '[B, F]; impala_tf adds the heads and the LSTM core (docs/library.md).'),
-        _Flag('mlp_hidden_sizes', 'int_list',
-              'Widths of the hidden layers of the mlp torso, comma-separated. '
-              'Range: one or more integers >= 1.'),
-        _Flag('use_lstm', 'bool',
-              'Add an LSTM core after the torso, fed the torso output, the one-hot '
-              'previous action and the clipped previous reward; its state resets '
-              'where an episode starts.'),
-        _Flag('lstm_size', 'int', 'Units of the LSTM core. Range: >= 1.'),
-        _Flag('shared_torso', 'bool',
-              'Whether the policy and value heads share one torso. Unset (the '
-              'default): a separate value MLP of --mlp_hidden_sizes for an mlp '
-              'torso without LSTM (the layout of SB3\'s PPO; it keeps the value '
-              'term, large while the value learns the return scale, from '
-              'collapsing the policy through the shared features: docs/design.md), '
-              'one shared torso otherwise (the paper). --shared_torso shares it '
-              'always; --noshared_torso needs the mlp torso without LSTM.'),
-    )),
-    ('run', 'Run', (
-        _Flag('total_environment_frames', 'int',
-              'Stop after this many env frames (agent steps x action repeat; 4 for '
-              'Atari, 1 otherwise); also the horizon of linear schedules '
-              '(scalable_agent: total_environment_frames; RLlib: stop '
-              'timesteps_total). Range: >= batch_size x unroll_length.'),
-        _Flag('target_return', 'optional_float',
-              'Stop early once the mean episode return over the last 100 episodes '
-              'reaches this. none: train for total_environment_frames.'),
-        _Flag('seed', 'int',
-              'Seed of the network initialisation, actors and environments. '
-              'Range: [0, 2^31).'),
-        _Flag('logdir', 'string',
-              'Directory of the run: config.json, checkpoints/, TensorBoard events, '
-              'metrics.jsonl, saved_policy/. A run started on a logdir with '
-              'checkpoints resumes from the latest.'),
-        _Flag('checkpoint_interval_secs', 'float',
-              'Seconds between checkpoints (one is also written at the end). '
-              'Range: > 0.'),
-        _Flag('keep_checkpoints', 'int',
-              'Most recent checkpoints kept in logdir. Range: >= 1.'),
-        _Flag('log_interval_secs', 'float',
-              'Seconds between metrics lines (console, metrics.jsonl, TensorBoard). '
-              'Range: > 0.'),
-        _Flag('eval_interval_frames', 'int',
-              'Evaluate the policy every this many env frames while training '
-              '(RLlib: evaluation_interval; SB3: EvalCallback\'s eval_freq): '
-              '--eval_episodes whole episodes on envs of their own with the latest '
-              'weights, in a thread the learner never waits for; logged as '
-              'eval_return_mean (and eval_episodes, eval_env_frames) in '
-              'metrics.jsonl and eval/ in TensorBoard. 0: no evaluation. '
-              'Range: >= 0.'),
-        _Flag('eval_episodes', 'int',
-              'Episodes of each periodic evaluation. Range: >= 1.'),
-        _Flag('eval_greedy', 'bool',
-              'Periodic evaluations act greedily (argmax of the policy); '
-              '--noeval_greedy samples from it, as the actors do.'),
-    )),
-)
+def _kind(field: dataclasses.Field) -> str:
+  if field.metadata['kind']:
+    return field.metadata['kind']
+  if field.metadata['choices']:
+    return 'enum'
+  return _KINDS[field.type]
+
+
+_FIELDS = dataclasses.fields(config_lib.Config)
+
+# The values of enum flags (and, for the docs, of --network).
+_ENUM_VALUES = {f.name: f.metadata['choices'] for f in _FIELDS
+                if f.metadata['choices']}
+_ENUM_VALUES['network'] = config_lib.NETWORKS + ('MODULE:FUNCTION',)
+
+# (key, title, flags), built from Config's fields. The order is the order of
+# --helpfull and docs/flags.md.
+SECTIONS = tuple(
+    (key, title, tuple(_Flag(f.name, _kind(f), f.metadata['help'])
+                       for f in _FIELDS if f.metadata['section'] == key))
+    for key, title in config_lib.SECTIONS)
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(config_lib.Config)}
 

@@ -21,6 +21,7 @@ before it imports TensorFlow):
   directories (saved_policy).
 """
 
+import dataclasses
 import errno
 import fcntl
 import glob
@@ -393,11 +394,8 @@ def resume_differences(saved: Dict[str, object], config: config_lib.Config,
 
 
 # Flags that change what a resumed run learns but not the variables it restores.
-LEARNING_FLAGS = (
-    'discounting', 'reward_clipping', 'reward_scale', 'baseline_cost',
-    'entropy_cost', 'entropy_cost_schedule', 'vtrace', 'clip_rho_threshold',
-    'clip_pg_rho_threshold', 'vtrace_lambda', 'loss_reduction', 'learning_rate',
-    'lr_schedule', 'grad_clip', 'rmsprop_style', 'ppo_clip')
+LEARNING_FLAGS = tuple(f.name for f in dataclasses.fields(config_lib.Config)
+                       if f.metadata['resume'] == config_lib.RESUME_WARNED)
 
 
 def _relative_to_the_budget(schedule) -> bool:

@@ -426,3 +426,62 @@ def test_user_network_spelling():
     assert not config_lib.is_user_network(value), value
   with pytest.raises(ConfigError, match='MODULE:FUNCTION naming your own torso'):
     Config(network='deep_torso')
+
+
+# --- one place per field: config.option ----------------------------------------
+
+
+def _option_problems(field: dataclasses.Field):
+  """What a field defined without a complete `config.option` lacks."""
+  meta = field.metadata
+  problems = []
+  if not (isinstance(meta.get('help'), str) and meta['help'].strip()):
+    problems.append(f'{field.name}: no help')
+  if meta.get('section') not in [key for key, _ in config_lib.SECTIONS]:
+    problems.append(f'{field.name}: section {meta.get("section")!r} is not in '
+                    'config.SECTIONS')
+  if meta.get('resume') not in config_lib.RESUME_POLICIES:
+    problems.append(f'{field.name}: resume policy {meta.get("resume")!r} is not '
+                    f'one of {config_lib.RESUME_POLICIES}')
+  rule = meta.get('rule')
+  if not (isinstance(rule, tuple) and len(rule) == 2 and
+          (rule[0] is None or callable(rule[0])) and
+          str(rule[1]).startswith('must be')):
+    problems.append(f'{field.name}: no rule (predicate, "must be ...")')
+  return problems
+
+
+@pytest.mark.parametrize('field', dataclasses.fields(config_lib.Config),
+                         ids=lambda f: f.name)
+def test_every_field_has_help_section_rule_and_resume_policy(field):
+  assert not _option_problems(field)
+
+
+def test_a_field_without_an_option_is_reported():
+
+  @dataclasses.dataclass(frozen=True)
+  class Bare:
+    seed: int = 0
+    env: str = config_lib.option('x', 'nowhere', help='', rule=None,
+                                 resume='sometimes')
+
+  seed, env = dataclasses.fields(Bare)
+  assert _option_problems(seed) == [
+      'seed: no help', "seed: section None is not in config.SECTIONS",
+      f"seed: resume policy None is not one of {config_lib.RESUME_POLICIES}",
+      'seed: no rule (predicate, "must be ...")']
+  assert _option_problems(env) == [
+      'env: no help', "env: section 'nowhere' is not in config.SECTIONS",
+      f"env: resume policy 'sometimes' is not one of {config_lib.RESUME_POLICIES}",
+      'env: no rule (predicate, "must be ...")']
+
+
+def test_enum_rules_agree_with_their_choices():
+  for f in dataclasses.fields(config_lib.Config):
+    choices = f.metadata['choices']
+    if not choices:
+      continue
+    for value in choices:
+      config_lib.Config(**{f.name: value})  # Each choice is valid...
+    with pytest.raises(config_lib.ConfigError, match=f'^{f.name}=not_a_choice'):
+      config_lib.Config(**{f.name: 'not_a_choice'})  # ...and only those.

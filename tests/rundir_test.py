@@ -1,5 +1,6 @@
 """Tests of impala_tf.rundir: the logdir lock, atomic writes, resume checks."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -185,3 +186,86 @@ def test_frame_budget_is_a_learning_flag_only_under_a_relative_schedule(
 
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))
+
+
+# --- each field's resume policy (config.option) is what the checks do -------------
+
+
+_OTHER_VALUES = {
+    'target_return': 100.0,
+    'ray_address': 'auto', 'ray_actor_resources': '{"CPU": 2}',
+    'ray_learner_resources': '{"CPU": 2}', 'ray_runtime_env': '{"env_vars": {}}',
+    'logdir': '/elsewhere', 'lr_schedule': 'linear',
+    'entropy_cost_schedule': 'linear'}
+
+
+def _another_value(field: dataclasses.Field, value):
+  """A different valid value of the field's type."""
+  if field.name in _OTHER_VALUES:
+    return _OTHER_VALUES[field.name]
+  if field.metadata['choices']:
+    return next(c for c in field.metadata['choices'] if c != value)
+  if isinstance(value, bool):
+    return not value
+  if isinstance(value, int):
+    return value + 1
+  if isinstance(value, float):
+    return value / 2 if 0 < value <= 1 else value + 1.0 if value else 0.1
+  raise AssertionError(f'no other value for {field.name}: add it to _OTHER_VALUES')
+
+
+def _fields_with(policy):
+  return [f for f in dataclasses.fields(config_lib.Config)
+          if f.metadata['resume'] == policy]
+
+
+@pytest.mark.parametrize('field', _fields_with(config_lib.RESUME_FREE) +
+                         _fields_with(config_lib.RESUME_WARNED),
+                         ids=lambda f: f.name)
+def test_a_field_resume_does_not_refuse_is_never_refused(field):
+  # Constant schedules: total_environment_frames is warned only under a relative one.
+  saved = testing.tiny_config(lr_schedule='constant',
+                              entropy_cost_schedule='constant',
+                              replay_buffer_num_slots=1)
+  now = saved.replace(**{field.name: _another_value(field,
+                                                    getattr(saved, field.name))})
+  obs, act = _spaces(now)
+  assert rundir.resume_differences(saved.to_dict(), now, obs, act) == []
+  learning = [d[0] for d in rundir.learning_differences(saved.to_dict(), now)]
+  warned = field.metadata['resume'] == config_lib.RESUME_WARNED
+  assert (field.name in learning) == warned, (field.name, learning)
+
+
+# A change of each refused field that its check must report (tiny_config: the chain
+# env, an mlp torso without LSTM, Adam).
+_REFUSED_CHANGES = {
+    'env': dict(env='CartPole-v1'),
+    'frame_stack': None,  # Atari only: covered by the Atari resume tests.
+    'use_lstm': dict(use_lstm=True),
+    'network': dict(network='shallow'),
+    'mlp_hidden_sizes': dict(mlp_hidden_sizes=(8, 8)),
+    'shared_torso': dict(shared_torso=True),
+    'lstm_size': dict(use_lstm=True, lstm_size=4),
+    'optimizer': dict(optimizer='rmsprop'),
+    'rmsprop_momentum': dict(optimizer='rmsprop', rmsprop_momentum=0.5),
+}
+
+
+def test_refused_fields_are_the_checked_ones():
+  assert sorted(_REFUSED_CHANGES) == sorted(
+      f.name for f in _fields_with(config_lib.RESUME_REFUSED))
+
+
+@pytest.mark.parametrize('field', sorted(k for k, v in _REFUSED_CHANGES.items() if v))
+def test_a_refused_field_is_reported(field):
+  changes = _REFUSED_CHANGES[field]
+  saved = testing.tiny_config(**{k: v for k, v in changes.items() if k != field})
+  if field == 'lstm_size':
+    saved = saved.replace(use_lstm=True)
+  now = saved.replace(**changes)
+  if field == 'network':
+    saved = saved.replace(env='CartPole-v1')
+    now = now.replace(env='CartPole-v1')
+  obs, act = _spaces(now)
+  names = [d[0] for d in rundir.resume_differences(saved.to_dict(), now, obs, act)]
+  assert field in names, (field, names)

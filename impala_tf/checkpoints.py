@@ -36,6 +36,7 @@ checks) are `impala_tf.rundir`'s; their names are also importable from here.
 import glob
 import os
 import re
+import shutil
 from typing import List, Optional, Tuple
 
 import tensorflow as tf
@@ -381,3 +382,58 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
 # The SavedModel of the policy lives in `impala_tf.saved_policy`; `save_policy` is
 # also importable from here.
 save_policy = saved_policy.save_policy
+
+
+class RunState(tf.Module):
+  """Run counters that live outside the learner's graph, for checkpoints."""
+
+  def __init__(self):
+    super().__init__(name='run_state')
+    self.env_frames = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self.episodes = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self.wall_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+
+
+def run_checkpointers(logdir: str, keep: int, learner, run_state: RunState,
+                      resumes: tf.Variable, actor_rngs: List[tf.random.Generator],
+                      worker_index: int = 0
+                      ) -> Tuple['Checkpointer', 'Checkpointer', Optional[str]]:
+  """What a training run checkpoints, and where each learner worker saves it.
+
+  Args:
+    logdir: the run directory.
+    keep: checkpoints kept (`--keep_checkpoints`).
+    learner: the `learner.Learner` (its network, optimizer and counters).
+    run_state: the run's counters.
+    resumes: the count of resumes.
+    actor_rngs: the actors' sampling RNGs (the chief's are checkpointed).
+    worker_index: this learner worker (0: the chief).
+
+  Returns:
+    (restore_from, save_to, tmpdir): every worker restores from the chief's
+    checkpoints in `logdir`; the chief saves there, another worker (TensorFlow's
+    protocol: every worker saves) to `logdir/workertemp_I` (TensorFlow's name),
+    emptied here and to be deleted at the end (`tmpdir`; None for the chief).
+    The actors' RNGs, `nonfinite_updates` and `resumes` are optional (older
+    checkpoints lack them); another worker's RNGs are its own, not restored.
+  """
+  trackables = dict(
+      network=learner.network, optimizer=learner.optimizer,
+      learner_steps=learner.learner_steps,
+      consumed_frames=learner.consumed_frames,
+      replayed_frames=learner.replayed_frames,
+      trained_frames=learner.trained_frames, run_state=run_state,
+      nonfinite_updates=learner.nonfinite_updates, resumes=resumes)
+  optional = [f'actor_rng_{i}' for i in range(len(actor_rngs))] + [
+      'nonfinite_updates', 'resumes']
+  if worker_index == 0:
+    trackables.update({f'actor_rng_{i}': g for i, g in enumerate(actor_rngs)})
+  restore_from = Checkpointer(logdir, keep, optional=optional, **trackables)
+  if worker_index == 0:
+    return restore_from, restore_from, None
+  # A worker killed before it deleted the directory leaves it where the next run
+  # replaces it.
+  tmpdir = os.path.join(logdir, f'workertemp_{worker_index}')
+  shutil.rmtree(tmpdir, ignore_errors=True)
+  return restore_from, Checkpointer(tmpdir, 1, optional=optional,
+                                    **trackables), tmpdir

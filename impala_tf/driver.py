@@ -15,12 +15,8 @@ Several learner workers (a `TF_CONFIG` naming more than one worker, read by
 MultiWorkerMirroredStrategy, created first, before any other TensorFlow op. It
 runs its own actors (ids offset by worker index x num_actors, seeds by
 `distribute.worker_seed`) and feeds its own replicas its share of the global
---batch_size. Every AGREE_EVERY_STEPS learner steps (whole reuse rings) the
-workers all-reduce a small
-vector (`distribute.sum_over_workers`): stop requests and errors, env frames and
-episode statistics, and the chief's wish to checkpoint; so they stop at the same
-step (none is left in an all-reduce), count frames and episodes over all workers,
-and checkpoint at the same step. The chief (worker 0) alone writes the run
+--batch_size. The workers decide together when to stop and to checkpoint, and
+count frames and episodes over all of them (`agreement.Agreement`). The chief (worker 0) alone writes the run
 directory (lock, config.json, metrics.jsonl, TensorBoard, checkpoints,
 saved_policy); the others write their checkpoints to a temporary directory
 (TensorFlow's protocol) and delete it; every worker restores from the chief's
@@ -42,6 +38,7 @@ from absl import logging
 import tensorflow as tf
 
 from impala_tf import actor_pool
+from impala_tf import agreement as agreement_lib
 from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import data
@@ -59,13 +56,6 @@ from impala_tf import rundir
 from impala_tf import saved_policy
 from impala_tf import watchdog as watchdog_lib
 
-
-# Several learner workers agree (stop, checkpoint, summed counters) every this
-# many learner steps, rounded up to whole reuse rings: the agreement is a
-# collective of its own (~3 ms on two workers of one host); every step, it cost
-# ~30% of the frames per second of a CartPole run (3.9-4.3k vs 5.1-7.4k fps, 2
-# workers on 2 shared cores). A stop then waits up to this many steps more.
-AGREE_EVERY_STEPS = 16
 
 # Errors of a collective whose peer worker may be gone (`is_peer_loss` decides).
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
@@ -111,16 +101,6 @@ class RunResult:
   logdir: str
   reached_target: bool
   interrupted: bool
-
-
-class _RunState(tf.Module):
-  """Run counters that live outside the learner's graph, for checkpoints."""
-
-  def __init__(self):
-    super().__init__(name='run_state')
-    self.env_frames = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self.episodes = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self.wall_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
 
 def _make_pool(config: config_lib.Config, *args) -> actor_pool.ActorPool:
@@ -264,47 +244,6 @@ def train(config: config_lib.Config,
       lock.release()
 
 
-class _Window:
-  """Learner statistics between two metrics lines."""
-
-  def __init__(self, frames: int):
-    self.reset(frames)
-
-  def reset(self, frames: int):
-    self.frames, self.time = frames, time.time()
-    self.wait = self.busy = 0.0
-    self.lag_sum = self.lag_max = self.num_unrolls = 0.0
-    self.steps = self.clipped = 0
-
-  def add(self, out: Dict[str, tf.Tensor], step_secs: Optional[float]):
-    """One learner call's output (`out['steps']` steps, their sums and maximum).
-
-    step_secs None leaves the call out of the wait split.
-    """
-    if step_secs is not None:
-      data_wait = float(out['data_wait_seconds'])
-      self.wait += data_wait
-      self.busy += step_secs - data_wait
-    self.lag_sum += float(out['policy_lag_sum'])
-    self.num_unrolls += float(out['num_unrolls'])
-    self.lag_max = max(self.lag_max, float(out['policy_lag_max']))
-    self.steps += int(out['steps'])
-    self.clipped += float(out['grad_clipped'])
-
-  def metrics(self, frames: int) -> Dict[str, float]:
-    busy_and_wait = self.wait + self.busy
-    return {
-        'fps': (frames - self.frames) / max(time.time() - self.time, 1e-9),
-        'policy_lag_mean': (self.lag_sum / self.num_unrolls if self.num_unrolls
-                            else 0.0),
-        'policy_lag_max': self.lag_max,
-        'learner_wait_fraction': (self.wait / busy_and_wait if busy_and_wait > 0
-                                  else 0.0),
-        # Steps in the window whose gradient norm exceeded grad_clip.
-        'grad_clipped_fraction': self.clipped / self.steps if self.steps else 0.0,
-    }
-
-
 _DIAGNOSTICS = ('loss', 'policy_loss', 'baseline_loss', 'entropy_loss', 'entropy',
                 'rho_mean', 'rho_clip_fraction', 'advantage_mean', 'advantage_std',
                 'value_mean', 'log_rho_abs_mean', 'rho_above_1p1_fraction',
@@ -350,73 +289,46 @@ class _Run:
     if learning_changes:
       rundir.warn(rundir.learning_warning(learning_changes))
     self.strategy = strategy
-    self._sum_over_workers = (distribute.sum_over_workers(strategy) if self.multi
-                              else None)
-    if self.multi:  # Before anything is built: a flag that differs is one line.
-      self._check_workers_agree(distribute.config_fingerprint(config),
-                                'flag(s) {}: start every worker with the same '
-                                'flags')
+    # With W workers each keeps its last ceil(100 / W) episodes: the mean over
+    # all workers is over about the last 100.
+    self.episode_log = metrics_lib.EpisodeLog(math.ceil(100 / self.num_workers))
+    self.agreement = agreement_lib.Agreement(
+        strategy, self.worker_index, self.num_workers, self.multi,
+        config.minibatch_buffer_size * config.num_sgd_iter, self.episode_log,
+        self.repeat, config.total_environment_frames, config.target_return)
+    # Before anything is built: a flag that differs is one line.
+    self._check_workers_agree(distribute.config_fingerprint(config),
+                              'flag(s) {}: start every worker with the same flags')
     self.learner = learner_lib.Learner(
         config, lambda: networks.make_network(config, self.obs_space,
                                               self.action_space),
         self.strategy, self.repeat)
-    self.run_state = _RunState()
+    self.run_state = checkpoints.RunState()
     # Times this run was resumed; a separate (optional) trackable so checkpoints
     # written before it existed still restore.
     self.resumes = tf.Variable(0, dtype=tf.int64, trainable=False, name='resumes')
-    # With W workers each keeps its last ceil(100 / W) episodes: the mean over
-    # all workers is over about the last 100.
-    self.episode_log = metrics_lib.EpisodeLog(math.ceil(100 / self.num_workers))
     # The actors' sampling RNGs live here so checkpoints include them (the
     # chief's; another worker's start from its own seeds at each resume).
     self.actor_rngs = [
         tf.random.Generator.from_seed(
             actor_pool.actor_rng_seed(self.actor_config, i))
         for i in range(config.num_actors)]
-    trackables = dict(
-        network=self.learner.network,
-        optimizer=self.learner.optimizer, learner_steps=self.learner.learner_steps,
-        consumed_frames=self.learner.consumed_frames,
-        replayed_frames=self.learner.replayed_frames,
-        trained_frames=self.learner.trained_frames, run_state=self.run_state,
-        nonfinite_updates=self.learner.nonfinite_updates, resumes=self.resumes,
-        **{f'actor_rng_{i}': g for i, g in enumerate(self.actor_rngs)})
-    optional = [f'actor_rng_{i}' for i in range(config.num_actors)] + [
-        'nonfinite_updates', 'resumes']
-    if not self.chief:  # Its RNGs are its own: not restored from the chief's.
-      trackables = {k: v for k, v in trackables.items()
-                    if not k.startswith('actor_rng_')}
-    self.ckpt = checkpoints.Checkpointer(
-        config.logdir, config.keep_checkpoints, optional=optional, **trackables)
-    self.save_ckpt = self.ckpt
-    if not self.chief:
-      # TensorFlow's protocol: every worker saves, the others to a temporary
-      # directory that is deleted at the end.
-      # `workertemp_I` in --logdir, TensorFlow's name: a worker killed before
-      # it deleted it leaves it where the next run replaces it.
-      self.tmpdir = os.path.join(config.logdir, f'workertemp_{self.worker_index}')
-      shutil.rmtree(self.tmpdir, ignore_errors=True)
-      self.save_ckpt = checkpoints.Checkpointer(self.tmpdir, 1, optional=optional,
-                                                **trackables)
+    self.ckpt, self.save_ckpt, self.tmpdir = checkpoints.run_checkpointers(
+        config.logdir, config.keep_checkpoints, self.learner, self.run_state,
+        self.resumes, self.actor_rngs, self.worker_index)
     self.restored = self._restore()
     self.num_resumes = int(self.resumes.numpy())
     self.base_env_frames = int(self.run_state.env_frames.numpy())
     self.base_wall = float(self.run_state.wall_seconds.numpy())
-    self.base_episodes = int(self.run_state.episodes.numpy())
-    self.episode_log.count = self.base_episodes
-    # Sums over the workers, as of the last agreement (several workers only).
-    self.agreed = {'env_frames': self.base_env_frames,
-                   'episodes': self.base_episodes,
-                   'summary': self.episode_log.summary()}
+    self.agreement.start_from(self.base_env_frames,
+                              int(self.run_state.episodes.numpy()))
     if self.multi:  # Replicas that start apart would drift while they all-reduce.
       self._check_workers_agree(
           {'learner step': int(self.learner.learner_steps.numpy()),
            'weights': distribute.weights_hash(self.learner.get_weights())},
           '{} after the restore: every worker must restore the same checkpoint '
           "(--logdir one directory all of them share, the chief's)")
-    ring = config.minibatch_buffer_size * config.num_sgd_iter
     self._learner_reuse = learner_lib.reuse_in_call(config)
-    self.agree_rings = max(1, math.ceil(AGREE_EVERY_STEPS / ring))
     self.pool: Optional[actor_pool.ActorPool] = None
     self.out = None  # The last learner step's output.
     # The per-term gradient norms of the last call that measured them.
@@ -438,19 +350,10 @@ class _Run:
         os.path.join(config.logdir, 'heartbeats'), on_stall)
 
   def _check_workers_agree(self, values: Dict[str, int], what: str):
-    """Raises TrainingError (one line) when the workers' `values` differ.
-
-    Args:
-      values: name -> integer, the same names on every worker.
-      what: the message's tail; '{}' becomes the differing names.
-    """
-    differ = distribute.workers_disagree_on(self._sum_over_workers, values,
-                                            self.num_workers)
-    if differ:
-      raise TrainingError(
-          f'learner worker {self.worker_index}: the {self.num_workers} learner '
-          f'workers differ in {what.format(", ".join(differ))}; nothing was '
-          'trained')
+    """Raises TrainingError (one line) when the workers' `values` differ."""
+    error = self.agreement.check_same(values, what)
+    if error:
+      raise TrainingError(error)
 
   def _restore(self) -> Optional[str]:
     """Restores the latest checkpoint (if any) and writes config.json."""
@@ -513,7 +416,7 @@ class _Run:
     dataset = self._dataset(source)
     self.writer = (metrics_lib.MetricsWriter(config.logdir, config.to_dict())
                    if self.chief else None)
-    self.window = _Window(self.base_env_frames)
+    self.window = metrics_lib.LearnerWindow(self.base_env_frames)
     if self.chief and config.eval_interval_frames > 0:
       self.evaluator = periodic_eval.PeriodicEvaluator(
           config, self.obs_space, self.action_space, self.base_env_frames)
@@ -635,7 +538,6 @@ class _Run:
       (reached_target, interrupted).
     """
     config, learner = self.config, self.learner
-    ring = config.minibatch_buffer_size * config.num_sgd_iter
     last_log = last_ckpt = time.time()
     steps_run = self.steps_run = 0
     base_learner_steps = int(learner.learner_steps.numpy())
@@ -691,109 +593,37 @@ class _Run:
         last_log = now
         self.watchdog.phase('writing metrics')
         self._emit(self._metrics())
-      if not self.multi and now - last_ckpt >= config.checkpoint_interval_secs:
+      want_checkpoint = now - last_ckpt >= config.checkpoint_interval_secs
+      if not self.multi and want_checkpoint:  # Several workers: when they agree.
         last_ckpt = now
         self.watchdog.phase('writing a checkpoint')
         self._save()
-      if steps_run % ring:
-        # Stop only at the end of a reuse ring (with learner_steps_per_call = k:
-        # at a multiple of both k and the ring).
-        continue
-      if self.multi and (steps_run // ring) % self.agree_rings:
-        continue  # Workers agree every AGREE_EVERY_STEPS steps (whole rings).
-      if self.multi:  # Stop and checkpoint where every worker agrees to.
+      if not self.agreement.due(steps_run):
+        continue  # Stop only at the end of a reuse ring.
+      if self.multi:
         self.watchdog.phase(watchdog_lib.AGREEMENT)
-        decision = self._agree(
-            self.chief and now - last_ckpt >= config.checkpoint_interval_secs)
-        if decision['checkpoint']:
-          last_ckpt = now
-          self.watchdog.phase('writing a checkpoint')
-          self._save()
-        if decision['stop'] is not None:
-          return decision['stop']
-        continue
-      if self.pool.error or self.stop.is_set() or self.internal_stop.is_set():
-        return False, not self.pool.error and self.stop.is_set()
-      if self._env_frames() >= config.total_environment_frames:
-        return False, False
-      if config.target_return is not None:
-        s = self.episode_log.summary()
-        if (s['episodes_in_mean'] >= self.episode_log.window and
-            s['episode_return_mean'] >= config.target_return):
-          return True, False
-
-  def _agree(self, want_checkpoint: bool) -> Dict[str, object]:
-    """One all-reduce over the workers at the end of a reuse ring.
-
-    Every worker calls it at the same learner step and gets the same sums, so all
-    take the same decision.
-
-    Returns:
-      dict: `checkpoint` (bool, the chief asked for one) and `stop`: None to go
-      on, else `(reached_target, interrupted)` as `_loop` returns.
-    """
-    config = self.config
-    s = self.episode_log.summary()
-    n = s['episodes_in_mean']
-    # A failed actor pool or data source (a loader timed out): a worker whose
-    # data stopped would otherwise step on with empty shards of the batch while
-    # the others' data trains. Bit i: worker i failed (exact in float64 up to 52).
-    failed = self.pool.error is not None or (
-        self.source is not None and self.source.error is not None)
-    values = [
-        float(self.stop.is_set() or self.internal_stop.is_set()),
-        float(2 ** min(self.worker_index, 52)) if failed else 0.0,
-        float(self.pool.steps * self.repeat),
-        float(self.episode_log.count - self.base_episodes),
-        (s['episode_return_mean'] or 0.0) * n,
-        (s['episode_length_mean'] or 0.0) * n,
-        float(n),
-        float(want_checkpoint),
-    ]
-    (stops, errors, frames, episodes, return_sum, length_sum, count,
-     checkpoint) = self._sum_over_workers(values)
-    count = int(round(count))
-    self.agreed = {
-        'env_frames': self.base_env_frames + int(round(frames)),
-        'episodes': self.base_episodes + int(round(episodes)),
-        'summary': {
-            'episode_return_mean': return_sum / count if count else None,
-            'episode_length_mean': length_sum / count if count else None,
-            'episodes_in_mean': count},
-    }
-    decision = {'checkpoint': checkpoint > 0, 'stop': None}
-    if errors > 0:
-      decision['stop'] = (False, False)
-      if not failed:
-        bits = int(round(errors))
-        names = ', '.join(str(i) for i in range(min(self.num_workers, 53))
-                          if bits >> i & 1)
+      decision = self.agreement.decide(
+          stop_requested=self.stop.is_set(),
+          stopping=self.internal_stop.is_set(),
+          pool_failed=self.pool.error is not None,
+          data_failed=self.source is not None and self.source.error is not None,
+          pool_steps=self.pool.steps,
+          want_checkpoint=self.chief and want_checkpoint)
+      if decision.failed_workers:
         self.other_failed = PeerLostError(
-            f'learner worker {self.worker_index}: learner worker(s) {names} '
-            'stopped the run: their actors or their data failed (their own line '
-            'says why); the newest checkpoint in --logdir is intact: rerun the same '
-            'command to resume')
-    elif stops > 0:
-      decision['stop'] = (False, True)
-    elif self.agreed['env_frames'] >= config.total_environment_frames:
-      decision['stop'] = (False, False)
-    elif config.target_return is not None:
-      mean = self.agreed['summary']['episode_return_mean']
-      if (count >= self.episode_log.window * self.num_workers and
-          mean >= config.target_return):
-        decision['stop'] = (True, False)
-    return decision
+            f'learner worker {self.worker_index}: learner worker(s) '
+            f'{decision.failed_workers} stopped the run: their actors or their '
+            'data failed (their own line says why); the newest checkpoint in '
+            '--logdir is intact: rerun the same command to resume')
+      if decision.checkpoint:
+        last_ckpt = now
+        self.watchdog.phase('writing a checkpoint')
+        self._save()
+      if decision.stop is not None:
+        return decision.stop
 
   def _env_frames(self) -> int:
-    if self.multi:  # The sum over workers as of the last agreement.
-      return self.agreed['env_frames']
-    return self.base_env_frames + self.pool.steps * self.repeat
-
-  def _episodes(self) -> int:
-    return self.agreed['episodes'] if self.multi else self.episode_log.count
-
-  def _episode_summary(self) -> Dict[str, object]:
-    return self.agreed['summary'] if self.multi else self.episode_log.summary()
+    return self.agreement.env_frames(self.pool.steps)
 
   def _metrics(self, final: bool = False) -> Dict[str, object]:
     """A metrics line; starts the next window."""
@@ -807,7 +637,7 @@ class _Run:
         'consumed_frames': int(learner.consumed_frames.numpy()),
         'replayed_frames': int(learner.replayed_frames.numpy()),
         'learner_steps': int(learner.learner_steps.numpy()),
-        'episodes': self._episodes(),
+        'episodes': self.agreement.episodes(),
         'wall_seconds': self.base_wall + time.time() - self.start_time,
         'learner_queue_size': self.pool.queue.qsize(),
         'learner_queue_capacity': self.pool.queue.maxsize,
@@ -821,7 +651,7 @@ class _Run:
         'first_learner_step_unix': self.first_step_unix,
     }
     m.update(self.window.metrics(frames))
-    m.update(self._episode_summary())
+    m.update(self.agreement.episode_summary())
     m.update({k: summary[k] for k in _DIAGNOSTICS if k in summary})
     diag = dict(self.term_norms, **diag)
     m.update({k: diag[k] for k in _LAST_STEP if k in diag})
@@ -843,7 +673,7 @@ class _Run:
 
   def _save(self):
     self.run_state.env_frames.assign(self._env_frames())
-    self.run_state.episodes.assign(self._episodes())
+    self.run_state.episodes.assign(self.agreement.episodes())
     self.run_state.wall_seconds.assign(self.base_wall + time.time() - self.start_time)
     return self.save_ckpt.save(int(self.learner.learner_steps.numpy()))
 

@@ -12,6 +12,8 @@ not list gets one from `_SECTION_RULES` (never an error). `docs/metrics.md` list
 every name with its tag. Besides, `episode/episode_return_mean_vs_learner_steps`
 holds the return with step = learner steps, and `run/flags` (text, step 0) the run's
 flags.
+`LearnerWindow` gathers the learner's statistics between two lines (frames/s,
+policy lag, the wait split, the clipped fraction).
 """
 
 import collections
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import threading
+import time
 from typing import Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
@@ -303,3 +306,50 @@ def console_line(m: Dict[str, object], total_frames: Optional[int] = None) -> st
 
 def mean_or_none(values: List[float]) -> Optional[float]:
   return float(np.mean(values)) if values else None
+
+
+class LearnerWindow:
+  """Learner statistics between two metrics lines."""
+
+  def __init__(self, frames: int):
+    self.reset(frames)
+
+  def reset(self, frames: int):
+    """Starts a window at `frames` env frames, now."""
+    self.frames, self.time = frames, time.time()
+    self.wait = self.busy = 0.0
+    self.lag_sum = self.lag_max = self.num_unrolls = 0.0
+    self.steps = self.clipped = 0
+
+  def add(self, out: Mapping[str, object], step_secs: Optional[float]):
+    """One learner call's output (`out['steps']` steps, their sums and maximum).
+
+    Args:
+      out: the call's outputs (scalars: numpy or tensors): `data_wait_seconds`,
+        `policy_lag_sum`, `num_unrolls`, `policy_lag_max`, `steps`,
+        `grad_clipped`.
+      step_secs: the call's wall time; None leaves it out of the wait split.
+    """
+    if step_secs is not None:
+      data_wait = float(out['data_wait_seconds'])
+      self.wait += data_wait
+      self.busy += step_secs - data_wait
+    self.lag_sum += float(out['policy_lag_sum'])
+    self.num_unrolls += float(out['num_unrolls'])
+    self.lag_max = max(self.lag_max, float(out['policy_lag_max']))
+    self.steps += int(out['steps'])
+    self.clipped += float(out['grad_clipped'])
+
+  def metrics(self, frames: int) -> Dict[str, float]:
+    """The window's line entries, the window ending at `frames` env frames now."""
+    busy_and_wait = self.wait + self.busy
+    return {
+        'fps': (frames - self.frames) / max(time.time() - self.time, 1e-9),
+        'policy_lag_mean': (self.lag_sum / self.num_unrolls if self.num_unrolls
+                            else 0.0),
+        'policy_lag_max': self.lag_max,
+        'learner_wait_fraction': (self.wait / busy_and_wait if busy_and_wait > 0
+                                  else 0.0),
+        # Steps in the window whose gradient norm exceeded grad_clip.
+        'grad_clipped_fraction': self.clipped / self.steps if self.steps else 0.0,
+    }

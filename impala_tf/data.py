@@ -78,8 +78,8 @@ class LearnerQueue:
     An actor that calls this before it starts an unroll acts with the weights of
     when room appeared, not of when its previous put began: a chunk waits in the
     queue, never in the actor's hands. Where the actors outpace the learner this
-    lowers the policy lag (measured: 3.2-3.6 -> 1.5-1.6 learner steps on CartPole with
-    two runs sharing 2 cores); where they do not, the queue has room and this
+    lowers the policy lag (about halves it on CartPole, docs/design.md, "The input
+    pipeline"); where they do not, the queue has room and this
     returns at once. The learner still finds a chunk ready whenever the actors keep
     up, so throughput does not change.
     """
@@ -310,8 +310,8 @@ def distribute(strategy: tf.distribute.Strategy, make_dataset: Callable[[], tf.d
     A distributed dataset whose elements are PerReplica values of shards; with
     one replica on this host's CPU, the dataset itself plus one prefetched
     element (its elements are that replica's shard: there is nothing to split
-    or copy, and the distributed iterator's per-element work was 9-15% of a
-    CartPole learner step, docs/benchmarks.md). `strategy.run` and
+    or copy, and the distributed iterator's per-element work is a noticeable
+    share of a CartPole learner step, docs/benchmarks.md). `strategy.run` and
     `experimental_local_results` take either.
   """
   devices = strategy.extended.worker_devices

@@ -291,10 +291,10 @@ def inter_op_threads(config: config_lib.Config,
   numpy (`networks.NumpyMLPPolicy`: an 'mlp' torso, or 'auto' on vector
   observations, without LSTM). There the learner's ops run one after another on
   one pool thread instead of handing off between threads, which costs the actor
-  thread's core less CPU: 1.0-1.5x the env frames/s of the CartPole defaults and
-  1.2x the learner frames/s with `num_sgd_iter=4`, on 2 cores (docs/benchmarks.md). Actors that act with TensorFlow (conv nets, LSTMs)
-  would queue their calls behind the learner's ops on that one thread (0.8-0.9x on
-  Pong with the shallow net), so they keep TensorFlow's default, as do GPUs
+  thread's core less CPU (more env frames/s and learner frames/s on CartPole,
+  docs/benchmarks.md). Actors that act with TensorFlow (conv nets, LSTMs) would
+  queue their calls behind the learner's ops on that one thread (slower on Pong
+  with the shallow net), so they keep TensorFlow's default, as do GPUs
   (kernel launches), logical CPU towers (replicas run concurrently) and learner
   workers (collectives).
 
@@ -426,7 +426,7 @@ def sum_over_workers(strategy: tf.distribute.Strategy
   """A function that sums a float64 vector over the learner workers.
 
   Every worker must call it the same number of times (it is a collective
-  all-reduce; one call costs ~3 ms on two workers of one host). Each worker's
+  all-reduce, which costs a round trip between the workers). Each worker's
   vector counts once, whatever its number of replicas.
 
   Returns:

@@ -544,7 +544,7 @@ class _Run:
     while True:
       t0 = time.perf_counter()
       # A metrics line follows this call: only such a call measures the per-term
-      # gradient norms (two more backward passes, ~10% of a CartPole step), so
+      # gradient norms (two more backward passes), so
       # the line still shows its window's last step's. Workers of a multi-worker
       # run must run the same graph (its collectives): they measure every call.
       log_due = time.time() - last_log >= config.log_interval_secs

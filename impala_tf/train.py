@@ -272,10 +272,11 @@ def _exit_now(status: int) -> None:
 
   Everything is written and closed by now (checkpoint, metrics, saved_policy; the
   actors and Ray stopped). What is left is interpreter teardown, in which
-  TensorFlow destroys the tf.data iterator the learner's step graph still holds; its
-  `from_generator` threads then wait for an interpreter that is going away, which
-  stalled 3 of 8 exits by 6-60 s (py-spy: `~IteratorResource` waiting in
-  `UnboundedThreadPool`). `os._exit` skips that teardown.
+  TensorFlow destroys the tf.data iterator the learner's step graph still holds;
+  its destructor waits for the pipeline's threads, which may wait for an
+  interpreter that is going away and stall the exit for seconds (py-spy:
+  `~IteratorResource` waiting in `UnboundedThreadPool`). `os._exit` skips that
+  teardown.
   """
   sys.stdout.flush()
   sys.stderr.flush()

@@ -48,13 +48,12 @@ products and sums appear -- no logarithms, and no division by cumulative product
 discounts and traces, which underflow to 0 over long unrolls -- so a product that
 underflows is harmless: its true contribution is below float32 resolution too.
 
-Measured with `bench/vtrace_bench.py` (2-core CPU shared with other jobs, load ~8;
-CPU ms per call of the whole op, B = 256, in a tf.function): T=20: 0.64 vs 0.66 for
-`tf.scan`; T=100: 0.91 vs 1.46; T=500: 4.8 vs 7.0 (numpy loop: 0.06 / 0.22 / 1.1).
-The gap should be larger on accelerators, where every sequential step costs kernel
-launches and a loop-condition round trip. Under XLA (`jit_compile=True`) on CPU a
-sequential loop is cheaper (tf.scan: 0.3 / 0.5 / 1.2 ms, this op: 0.5 / 0.9 / 4.9
-ms), as XLA's loop steps are cheap and the scan does log2 T times the work. With a
+`bench/vtrace_bench.py` times the op against `tf.scan` and a numpy loop
+(docs/benchmarks.md, "V-trace op"): on a CPU the scan's advantage grows with T; it
+should be larger on accelerators, where every sequential step costs kernel launches
+and a loop-condition round trip. Under XLA (`jit_compile=True`) on a CPU a
+sequential loop can be cheaper, as XLA's loop steps are cheap and the scan does
+log2 T times the work. With a
 static T the rounds are unrolled into the graph; with an unknown T (e.g. a `[None,
 None]` placeholder) they run in a `tf.while_loop` of ceil(log2 T) iterations.
 """

@@ -55,7 +55,7 @@ def _child_setup():  # Runs in the worker process between fork and exec.
   # Ray runs actor methods in threads that block SIGINT and SIGTERM; a child
   # inherits the mask across exec, and would never see the signals it is sent.
   signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
-  launcher._die_with_parent()  # pylint: disable=protected-access
+  launcher.die_with_parent()
 
 
 class LearnerWorker:
@@ -261,7 +261,7 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
           for line in status:  # See _STATUS_LINE.
             print(line, file=sys.stderr if ': error: ' in line else sys.stdout,
                   flush=True)
-          what = launcher._describe(codes[i])  # pylint: disable=protected-access
+          what = launcher.describe_exit(codes[i])
         except ray.exceptions.RayError as e:  # The actor or its node died.
           codes[i] = -1
           what = f'was lost by Ray ({type(e).__name__})'

@@ -193,6 +193,11 @@ class Actor:
     return np.argmax(logits + self._np_rng.gumbel(size=logits.shape),
                      axis=-1).astype(np.int32)
 
+  @property
+  def network(self):
+    """The `AgentNetwork` this actor acts with (its own snapshot)."""
+    return self._network
+
   def _reseed(self):
     """Draws the numpy sampling seed from the checkpointed TF RNG (once per run)."""
     seed = self._rng.uniform_full_int([2], dtype=tf.int64).numpy()

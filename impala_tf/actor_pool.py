@@ -47,6 +47,7 @@ from impala_tf import actor as actor_lib
 from impala_tf import config as config_lib
 from impala_tf import data
 from impala_tf import environments
+from impala_tf import errors
 from impala_tf import networks
 from impala_tf import types
 
@@ -163,12 +164,7 @@ class RestartBudget:
   def message(self, actor_id: int, error: BaseException) -> str:
     return (f'actor {actor_id} died {len(self._deaths)} times in '
             f'{self._window:.0f} s; last error: {type(error).__name__}: '
-            f'{_one_line(error)}')
-
-
-def _one_line(error: BaseException) -> str:
-  text = ' '.join(str(error).split())
-  return text if len(text) <= 300 else text[:297] + '...'
+            f'{errors.one_line(error)}')
 
 
 class ActorPool(abc.ABC):
@@ -287,7 +283,7 @@ class _ActorThread(threading.Thread):
         if stop.is_set():
           return
         logging.error('actor %d died (%s); restarting it with a fresh env.',
-                      self.actor_id, _one_line(f'{type(e).__name__}: {e}'))
+                      self.actor_id, errors.one_line(f'{type(e).__name__}: {e}'))
         if pool.first_time(e):  # The traceback once per distinct error.
           logging.error('actor %d: traceback of %s (shown once per distinct '
                         'error):\n%s', self.actor_id, type(e).__name__,

@@ -44,7 +44,13 @@ LAUNCHED_ENV = distribute.LAUNCHED_ENV
 _POLL_SECS = 0.1
 
 
-def _die_with_parent():  # Runs in the child between fork and exec.
+def die_with_parent():
+  """Asks Linux to send this process SIGTERM when its parent dies.
+
+  For a child between fork and exec (`subprocess.Popen(preexec_fn=...)`): a
+  worker does not outlive the process that supervises it. Elsewhere than Linux
+  it does nothing.
+  """
   try:
     libc = ctypes.CDLL('libc.so.6', use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -109,7 +115,8 @@ class SignalInbox:
     self.restore()
 
 
-def _describe(returncode: int) -> str:
+def describe_exit(returncode: int) -> str:
+  """How a worker ended: 'was killed by SIGKILL' or 'exited with status 2'."""
   if returncode < 0:
     try:
       name = signal.Signals(-returncode).name
@@ -218,7 +225,7 @@ def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
         # forwards it once.
         procs.append(subprocess.Popen(spec['argv'], env=spec['env'],
                                       start_new_session=True,
-                                      preexec_fn=_die_with_parent))
+                                      preexec_fn=die_with_parent))
       reported = set()
       while True:
         for signum in inbox.take():
@@ -240,7 +247,7 @@ def launch_local(args: Sequence[str], num_workers: int, timeout_secs: float,
           if code != 0 and not failed:
             failed = True
             print(f'{prog}: error: learner worker {i} (pid {procs[i].pid}) '
-                  f'{_describe(code)}; stopping the other '
+                  f'{describe_exit(code)}; stopping the other '
                   f'{sum(c is None for c in codes)} worker(s) within '
                   f'{timeout_secs:g} s (--learner_worker_timeout_secs); the newest '
                   'checkpoint is kept: rerun the same command to resume',

@@ -73,6 +73,7 @@ import numpy as np
 
 from impala_tf import actor_pool
 from impala_tf import data
+from impala_tf import errors
 from impala_tf import types
 
 # Seconds `stop` waits for the children to exit before terminating them.
@@ -565,7 +566,7 @@ class ProcessActorPool(actor_pool.ActorPool):
         self._weights.header[_STEPS + child.actor_id])
     self._weights.header[_STEPS + child.actor_id] = 0
     logging.error('actor %d died (%s).',
-                  child.actor_id, actor_pool._one_line(error))  # pylint: disable=protected-access
+                  child.actor_id, errors.one_line(error))
     if child.traceback and self.first_time(error):
       logging.error('actor %d: traceback of %s (shown once per distinct error):\n%s',
                     child.actor_id, error.type_name, child.traceback)
@@ -573,7 +574,7 @@ class ProcessActorPool(actor_pool.ActorPool):
     actor_id = child.actor_id
     self._in_a_row[actor_id] += 1
     limit = self.config.max_actor_restarts
-    cause = actor_pool._one_line(error)  # pylint: disable=protected-access
+    cause = errors.one_line(error)
     if self._in_a_row[actor_id] >= actor_pool.MAX_RESTARTS:
       self.fail(actor_pool.ActorPoolError(
           f'actor {actor_id} died {self._in_a_row[actor_id]} times in a row '

@@ -317,7 +317,7 @@ def quiet_if_parent_was() -> bool:
   """In a process started by a quiet entry point, imports TensorFlow quietly too.
 
   For modules that child processes import before TensorFlow (the Ray actor
-  processes import `impala_tf.ray_actors`): `IMPALA_TF_QUIET=1`, inherited from the
+  processes import `impala_tf.ray_actor`): `IMPALA_TF_QUIET=1`, inherited from the
   run, says the run was quiet; anywhere else (library use, a user-set
   TF_CPP_MIN_LOG_LEVEL) this does nothing.
 

@@ -2,13 +2,14 @@
 
 ```
 driver process                                      Ray actor process (one per actor)
-  publish(version, weights)                           ImpalaActor: vector env, network
-    -> ray.put once per version actually sent         copy, impala_tf.actor.Actor
-  feeder thread: while the learner queue has  --->  unroll(version, [weights_ref]):
-    room, asks each idle actor for one unroll;          fetches the weights if the
-    puts each answer's chunk ObjectRef into the         version is new (checked by
-    bounded LearnerQueue (blocking:              <---   name and shape), returns one
-    back-pressure), counts steps and episodes           chunk [B, T + 1, ...] and a
+  publish(version, weights)                           ray_actor.ImpalaActor: vector
+    -> ray.put once per version actually sent         env, network copy,
+  feeder thread: while the learner queue has  --->    impala_tf.actor.Actor
+    room, asks each idle actor for one unroll;      unroll(version, [weights_ref]):
+    puts each answer's chunk ObjectRef into the         fetches the weights if the
+    bounded LearnerQueue (blocking:              <---   version is new (checked by
+    back-pressure), counts steps and episodes           name and shape), returns one
+                                                        chunk [B, T + 1, ...] and a
                                                         small info dict
   tf.data loaders: get_chunk() = ray.get(next ref)
 ```
@@ -21,51 +22,37 @@ one request at a time, as a thread actor acts only after finding room: at most o
 chunk per actor exists beyond the learner queue, and it is made with the weights
 of when room appeared.
 
-At start the pool reserves all actors' resources at once (a placement group, one
-bundle per actor), waiting up to `ray_placement_timeout_secs` for them. An actor
-hides every GPU unless Ray gave it one, and checks that it runs the driver's
-impala_tf and TensorFlow versions before it builds its env and network.
+At start the pool connects to Ray (`impala_tf.ray_session.RaySession`) and
+reserves all actors' resources at once (a placement group, one bundle per
+actor), waiting up to `ray_placement_timeout_secs` for them. The actor itself
+(`impala_tf.ray_actor`) hides every GPU unless Ray gave it one, and checks that it
+runs the driver's impala_tf and TensorFlow versions before it builds its env and
+network.
 
 A Ray actor that dies (env error, process killed, node lost) or hangs (no unroll
 within `actor_unroll_timeout_secs`) is replaced, after a doubling backoff, by a new
 one with fresh env seeds and counted in `restarts`. The run stops with a one-line
-error naming the root cause (`root_cause`) after `max_actor_restarts` replacements,
-when one actor dies `MAX_RESTARTS` times a minute, when a replacement no node of the
-cluster can host (its `--ray_actor_resources` left with a removed node), or at once
-on a version or weights mismatch.
-
-`RaySession` connects the run to Ray: `ray_address=''` starts a local instance that
-listens on the loopback interface only (checked after `ray.init`: it fails closed),
-starts no dashboard, and is shut down by `stop()`; `'auto'` or an address joins a
-running cluster within `ray_connect_timeout_secs` and leaves it running; a Ray
-already initialised in this process (library use, tests) is used as it is.
+error naming the root cause (`ray_actor.root_cause`) after `max_actor_restarts`
+replacements, when one actor dies `MAX_RESTARTS` times a minute, when a replacement
+no node of the cluster can host (its `--ray_actor_resources` left with a removed
+node), or at once on a version or weights mismatch (`ray_actor.FATAL_ERRORS`).
 """
 
-import contextlib
 import json
-import os
-import re
-import signal
-import socket
-import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from impala_tf import quiet
-
-# A Ray actor process imports this module first: as quiet as the run that started it.
-quiet.quiet_if_parent_was()
-
-# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from impala_tf import actor as actor_lib
 from impala_tf import actor_pool
-from impala_tf import config as config_lib
+from impala_tf import errors
+from impala_tf import ray_actor
+from impala_tf import ray_session
 from impala_tf import types
+
 
 # Unroll requests an actor has at a time: it acts only when asked, and it is asked
 # only while the learner queue has room (as a thread actor waits for room).
@@ -80,582 +67,11 @@ _PLACEMENT_LOG_SECS = 10.0
 # A slot whose actor died n times in a row (no unroll in between) is replaced after
 # `actor_pool.backoff_secs(n)` seconds.
 RESTART_BACKOFF_SECS = actor_pool.RESTART_BACKOFF_SECS
-# Ray reads this at import to choose the node address; '0' makes it the loopback one.
-_LOOPBACK_ENV = 'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'
-
-
-def _ray():
-  """Imports ray, with a clear error when the extra is not installed."""
-  try:
-    import ray  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise actor_pool.ActorPoolError(
-        "--actor_backend=ray needs Ray: pip install -e '.[ray]' (or pip install "
-        "'ray>=2.60,<3')") from None
-  return ray
-
-
-class RaySession:
-  """The run's connection to Ray; see the module docstring.
-
-  Args:
-    address: Config.ray_address.
-    num_cpus: CPUs of a local instance (default: this machine's).
-    connect_timeout: Config.ray_connect_timeout_secs: seconds a cluster at
-      `address` has to answer and accept this driver.
-    runtime_env: Config.ray_runtime_env_dict: the job's Ray runtime_env (local
-      working_dir / py_modules are uploaded by ray.init, so it goes there).
-
-  Attributes:
-    started: True when this session started the Ray instance (and stops it).
-
-  Raises:
-    actor_pool.ActorPoolError: (one line) no Ray cluster answered at `address`
-      within `connect_timeout`.
-  """
-
-  def __init__(self, address: str, num_cpus: Optional[int] = None,
-               connect_timeout: float = 60.0, runtime_env: Optional[dict] = None):
-    ray = _ray()
-    self.started = False
-    self._connected = False
-    if ray.is_initialized():
-      if runtime_env:
-        raise actor_pool.ActorPoolError(
-            '--ray_runtime_env is given to ray.init, but Ray was already '
-            'initialised in this process; pass it to your ray.init(runtime_env=...) '
-            'instead')
-      return
-    handlers = _save_signal_handlers()
-    try:
-      if address:
-        _join(ray, address, connect_timeout, runtime_env)
-      else:
-        _start_local(ray, num_cpus, runtime_env)
-        self.started = True
-      self._connected = True
-    finally:
-      # ray.init replaces the SIGTERM handler with sys.exit; the run keeps its own
-      # (a clean stop with a final checkpoint).
-      _restore_signal_handlers(handlers)
-
-  def close(self):
-    """Shuts down a Ray this session started; disconnects from a joined one."""
-    if self._connected:
-      self._connected = False
-      _ray().shutdown()
-
-
-_LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
-
-
-def _bootstrap_address(address: str) -> str:
-  """HOST:PORT that `address` ('auto', HOST:PORT or ray://HOST:PORT) points to.
-
-  Raises:
-    actor_pool.ActorPoolError: 'auto' finds no running Ray on this machine.
-  """
-  if address == 'auto':
-    from ray._private import services  # pylint: disable=g-import-not-at-top
-    try:
-      found = services.get_ray_address_from_environment('auto', None)
-    except Exception as e:  # pylint: disable=broad-except
-      raise actor_pool.ActorPoolError(
-          f'--ray_address=auto found no running Ray cluster on this machine '
-          f'({actor_pool._one_line(e)}); start one with `ray start --head` or give '  # pylint: disable=protected-access
-          'its HOST:PORT') from None
-    if not found or found == 'auto':
-      raise actor_pool.ActorPoolError(
-          '--ray_address=auto found no running Ray cluster on this machine; start '
-          'one with `ray start --head` or give its HOST:PORT')
-    address = found
-  return address.split('://', 1)[-1]
-
-
-def _split_host_port(address: str, flag_value: str):
-  host, sep, port = address.rpartition(':')
-  if not sep or not port.isdigit() or not host:
-    raise actor_pool.ActorPoolError(
-        f'--ray_address={flag_value}: must be HOST:PORT (as printed by `ray start '
-        "--head`), 'auto' or '' (start a local Ray)")
-  return host.strip('[]'), int(port)
-
-
-def _join(ray, address: str, timeout: float, runtime_env: Optional[dict] = None):
-  """ray.init(address=...) that answers within `timeout` seconds, in one line.
-
-  A TCP connection to the head's GCS port is tried first (Ray itself retries an
-  address where nothing listens for minutes without a word), then ray.init runs
-  with what is left of `timeout`. A head on the loopback interface (a single-machine
-  `ray start --head`) is joined as a loopback node: Ray would otherwise rewrite
-  127.0.0.1 to this machine's network address and find no node there.
-  """
-  deadline = time.monotonic() + timeout
-  target = _bootstrap_address(address)
-  host, port = _split_host_port(target, address)
-  said = f'--ray_address={address}' + (f' ({target})' if target != address else '')
-  hint = (f'within --ray_connect_timeout_secs={timeout:g}; check that the cluster '
-          'is up (`ray status` on its head) and reachable from here, or raise '
-          '--ray_connect_timeout_secs')
-  try:
-    with socket.create_connection((host, port), timeout=max(0.1, timeout)):
-      pass
-  except OSError as e:
-    raise actor_pool.ActorPoolError(
-        f'{said}: no Ray cluster answered ({type(e).__name__}: '
-        f'{actor_pool._one_line(e)}) {hint}') from None  # pylint: disable=protected-access
-  loopback = host in _LOOPBACK_HOSTS
-  outcome = {}
-
-  def init():
-    try:
-      with loopback_only() if loopback else contextlib.nullcontext():
-        ray.init(address=address if address.startswith('ray://') else target,
-                 log_to_driver=True, runtime_env=runtime_env or None)
-      outcome['ok'] = True
-    except BaseException as e:  # pylint: disable=broad-except
-      outcome['error'] = e
-
-  thread = threading.Thread(target=init, name='ray-init', daemon=True)
-  thread.start()
-  thread.join(max(0.0, deadline - time.monotonic()))
-  if thread.is_alive():
-    raise actor_pool.ActorPoolError(
-        f'{said}: something listens there but no Ray cluster accepted this driver '
-        f'{hint}')
-  if 'error' in outcome:
-    e = outcome['error']
-    raise actor_pool.ActorPoolError(
-        f'{said}: could not join the Ray cluster ({type(e).__name__}: '
-        f'{actor_pool._one_line(e)})') from e  # pylint: disable=protected-access
-
-
-def _save_signal_handlers():
-  if threading.current_thread() is not threading.main_thread():
-    return None
-  return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-
-def _restore_signal_handlers(handlers):
-  for s, h in (handlers or {}).items():
-    if h is not None:
-      signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def loopback_only():
-  """Within it, a Ray instance started in this process binds 127.0.0.1 only.
-
-  Ray advertises (and its servers bind) the loopback address when it believes it
-  runs a single-machine instance (its Windows/macOS default); we ask for that for
-  the processes started inside the block, then restore the setting.
-  """
-  from ray._private import ray_constants  # pylint: disable=g-import-not-at-top
-  env = {_LOOPBACK_ENV: '0', 'TF_CPP_MIN_LOG_LEVEL':
-         os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2')}
-  saved_env = {k: os.environ.get(k) for k in env}
-  saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-  os.environ.update(env)
-  ray_constants.ENABLE_RAY_CLUSTER = False
-  try:
-    yield
-  finally:
-    ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-    for k, v in saved_env.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
-
-
-def _start_local(ray, num_cpus: Optional[int] = None,
-                 runtime_env: Optional[dict] = None):
-  """Starts a local Ray bound to 127.0.0.1, without dashboard, sized to the machine.
-
-  Then checks that it is (`check_loopback_only`): fails closed, shutting it down.
-  """
-  before = _socket_inodes(os.getpid())
-  with loopback_only():
-    ray.init(address='local', num_cpus=num_cpus, include_dashboard=False,
-             log_to_driver=True, runtime_env=runtime_env or None)
-  try:
-    check_loopback_only(os.getpid(), ignore=before)
-  except actor_pool.ActorPoolError:
-    ray.shutdown()
-    raise
-
-
-# --- Which addresses a process tree listens on (Linux: /proc) ----------------------
-
-
-def _listening_sockets() -> Dict[str, str]:
-  """Socket inode -> local address (hex, as in /proc/net/tcp*) of listening TCP sockets."""
-  out = {}
-  for path in ('/proc/net/tcp', '/proc/net/tcp6'):
-    try:
-      with open(path, encoding='utf-8') as f:
-        rows = f.read().splitlines()[1:]
-    except OSError:
-      continue
-    for row in rows:
-      fields = row.split()
-      if len(fields) > 9 and fields[3] == '0A':  # TCP_LISTEN
-        out[fields[9]] = fields[1]
-  return out
-
-
-def _socket_inodes(pid: int) -> set:
-  inodes = set()
-  try:
-    fds = os.listdir(f'/proc/{pid}/fd')
-  except OSError:
-    return inodes
-  for fd in fds:
-    try:
-      target = os.readlink(f'/proc/{pid}/fd/{fd}')
-    except OSError:
-      continue
-    if target.startswith('socket:['):
-      inodes.add(target[8:-1])
-  return inodes
-
-
-def _descendants(root: int) -> List[int]:
-  children: Dict[int, List[int]] = {}
-  for d in os.listdir('/proc'):
-    if not d.isdigit():
-      continue
-    try:
-      with open(f'/proc/{d}/stat', encoding='utf-8') as f:
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-      continue
-    children.setdefault(ppid, []).append(int(d))
-  out, todo = [], [root]
-  while todo:
-    for c in children.get(todo.pop(), []):
-      out.append(c)
-      todo.append(c)
-  return out
-
-
-def _is_loopback(hex_address: str) -> bool:
-  """Whether a /proc/net/tcp* `ADDR:PORT` (hex) is on the loopback interface."""
-  addr = hex_address.rsplit(':', 1)[0].upper()
-  if len(addr) == 8:  # IPv4, little-endian: 127.x.x.x
-    return addr.endswith('7F')
-  return (addr == '00000000000000000000000001000000' or  # ::1
-          (addr.startswith('0000000000000000FFFF0000') and addr.endswith('7F')))
-
-
-def _readable(hex_address: str) -> str:
-  addr, port = hex_address.rsplit(':', 1)
-  raw = b''.join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
-  family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
-  host = socket.inet_ntop(family, raw)
-  return f'{host}:{int(port, 16)}' if family == socket.AF_INET else f'[{host}]:{int(port, 16)}'
-
-
-def _process_name(pid: int) -> str:
-  try:
-    with open(f'/proc/{pid}/comm', encoding='utf-8') as f:
-      return f.read().strip()
-  except OSError:
-    return '?'
-
-
-def check_loopback_only(root: int, ignore: frozenset = frozenset()):
-  """Raises unless every listening TCP socket of `root` and its descendants is local.
-
-  On Linux (it reads /proc; elsewhere it checks nothing). The run's own Ray binds
-  127.0.0.1 because impala_tf sets a private Ray constant (`loopback_only`); this
-  check makes a Ray release that ignores it stop the run instead of exposing it.
-
-  Args:
-    root: the process whose tree is checked (the driver: Ray's processes are its
-      descendants).
-    ignore: socket inodes of `root` to leave out (those it had before Ray).
-
-  Raises:
-    actor_pool.ActorPoolError: (one line) naming the first non-loopback listener.
-  """
-  if not os.path.isdir('/proc/self/fd'):
-    return
-  listening = _listening_sockets()
-  for pid in [root] + _descendants(root):
-    for inode in sorted(_socket_inodes(pid) - set(ignore if pid == root else ())):
-      address = listening.get(inode)
-      if address is not None and not _is_loopback(address):
-        raise actor_pool.ActorPoolError(
-            f'the local Ray instance listens on {_readable(address)} (process '
-            f'{pid}, {_process_name(pid)}), not only on 127.0.0.1: this Ray '
-            'release ignores impala_tf\'s loopback setting, so the run stopped it '
-            'rather than open ports to the network; use a Ray version that '
-            "setup.py allows, or start Ray yourself and join it with --ray_address")
-
-
-def hide_gpus_unless_assigned() -> bool:
-  """In a Ray actor process: hides every GPU from TensorFlow unless Ray gave it one.
-
-  Ray 2.60 sets `CUDA_VISIBLE_DEVICES` only for actors that reserved a GPU, so an
-  actor with `--ray_actor_resources` without "GPU" would otherwise see every GPU of
-  its node and create a CUDA context (and take memory) on each. Call it before
-  TensorFlow initialises its devices.
-
-  Returns:
-    True when the GPUs were hidden.
-  """
-  if _ray().get_gpu_ids():
-    return False  # Ray set CUDA_VISIBLE_DEVICES to the actor's own GPU(s).
-  os.environ['CUDA_VISIBLE_DEVICES'] = ''  # Read when TensorFlow initialises CUDA.
-  try:
-    tf.config.set_visible_devices([], 'GPU')
-  except RuntimeError:  # Devices already initialised; the variable is set anyway.
-    pass
-  return True
-
-
 backoff_secs = actor_pool.backoff_secs
 
 
 class ActorHungError(RuntimeError):
   """A Ray actor answered no unroll within --actor_unroll_timeout_secs."""
-
-
-class VersionMismatchError(RuntimeError):
-  """A Ray actor runs other impala_tf or TensorFlow versions than the driver."""
-
-
-class WeightsMismatchError(RuntimeError):
-  """The weights sent to a Ray actor do not fit its network's variables."""
-
-
-# Errors no replacement actor can get past: they stop the run at once.
-_FATAL_ERRORS = (VersionMismatchError, WeightsMismatchError)
-
-
-def local_versions() -> Dict[str, str]:
-  """Versions that must agree between the driver and its Ray actors."""
-  # The package (imported before any of its modules; not a BUILD dependency: it
-  # depends on the driver, which depends on this module).
-  package = sys.modules[__name__.rpartition('.')[0]]
-  return {'impala_tf': package.__version__, 'TensorFlow': tf.__version__}
-
-
-def _canonical_name(name: str) -> str:
-  """A variable name without ':0' and Keras' uniquifying '_N' suffixes.
-
-  The driver's reference network is built in a process that already holds the
-  learner's, so Keras may have named its layers `dense_1` where an actor says
-  `dense`.
-  """
-  name = name.split(':', 1)[0]
-  return '/'.join(re.sub(r'_\d+$', '', part) for part in name.split('/'))
-
-
-def weight_spec(variables) -> List[Tuple[str, Tuple[int, ...]]]:
-  """(canonical name, shape) of each variable, in order (see `_canonical_name`)."""
-  return [(_canonical_name(v.name), tuple(int(d) for d in v.shape))
-          for v in variables]
-
-
-def check_weights(spec, weights: Sequence[np.ndarray], variables,
-                  actor_id: int):
-  """Raises WeightsMismatchError unless `spec` and `weights` fit `variables`.
-
-  Args:
-    spec: `weight_spec` of the driver's network (the order of `weights`).
-    weights: the arrays, one per variable.
-    variables: the actor's network variables.
-    actor_id: for the message.
-  """
-  mine = weight_spec(variables)
-  problem = None
-  if len(spec) != len(weights):
-    problem = f'{len(weights)} arrays for {len(spec)} variables'
-  elif len(spec) != len(mine):
-    problem = (f'the driver\'s network has {len(spec)} variables, the actor\'s '
-               f'{len(mine)}')
-  else:
-    for (name, shape), w, (my_name, my_shape) in zip(spec, weights, mine):
-      if name != my_name or tuple(shape) != my_shape:
-        problem = (f'the driver sends {name} {list(shape)} where the actor has '
-                   f'{my_name} {list(my_shape)}')
-        break
-      if tuple(np.shape(w)) != my_shape:
-        problem = f'{name}: an array of shape {list(np.shape(w))} for {list(my_shape)}'
-        break
-  if problem:
-    raise WeightsMismatchError(
-        f'the weights sent to Ray actor {actor_id} do not fit its network ('
-        f'{problem}): the driver and the actor\'s node run different code or '
-        'flags; install the same impala_tf on every node')
-
-
-def _set_threads(num_threads: int):
-  try:
-    tf.config.threading.set_intra_op_parallelism_threads(num_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(num_threads)
-  except RuntimeError:  # TensorFlow already started (an actor built in-process).
-    pass
-
-
-class ImpalaActor:
-  """The body of one Ray actor process: an impala_tf Actor, one unroll per call.
-
-  The constructor only hides GPUs and sets threads; the env and network are built
-  at the first `unroll`, after the actor checked that it runs the driver's
-  versions, so a failure there reaches the driver as that call's error (with its
-  root cause), not as a dead actor.
-
-  Args:
-    config_dict: the run's `Config.to_dict()`.
-    actor_id: in [0, num_actors).
-    restarts: times this actor was replaced (fresh env seeds).
-    observation_space: the single-env observation space.
-    action_space: the single-env action space.
-    rng_state: int64 state of the actor's sampling tf.random.Generator.
-    rng_alg: its algorithm.
-    num_threads: TensorFlow intra/inter-op threads (the CPUs it reserved, >= 1).
-    resumes: times the run was resumed (enters the env seeds).
-    driver_versions: the driver's `local_versions()` (None: not checked).
-    id_offset: the pool's `first_actor_id` (`actor_pool.make_actor`).
-  """
-
-  def __init__(self, config_dict: dict, actor_id: int, restarts: int,
-               observation_space, action_space, rng_state: np.ndarray, rng_alg,
-               num_threads: int, resumes: int = 0,
-               driver_versions: Optional[Dict[str, str]] = None,
-               id_offset: int = 0):
-    _set_threads(num_threads)
-    hide_gpus_unless_assigned()  # Never take the learner's GPUs.
-    self._args = (config_dict, actor_id, restarts, observation_space, action_space,
-                  rng_state, rng_alg, resumes, id_offset)
-    self._actor_id = actor_id
-    self._driver_versions = driver_versions
-    self._broadcast = actor_lib.ParameterBroadcast()
-    self._episodes: List[types.EpisodeStats] = []
-    self._actor = None
-    self._unrolls = None
-    self._rng = None
-
-  def pid(self) -> int:
-    return os.getpid()
-
-  def ready(self) -> int:
-    """Answers once the actor process is up (its imports done): its pid."""
-    return os.getpid()
-
-  def _check_versions(self):
-    mine = local_versions()
-    theirs = self._driver_versions
-    if theirs is None or mine == theirs:
-      return
-    node = _ray().util.get_node_ip_address()
-
-    def say(v):
-      keys = list(mine) + [k for k in theirs if k not in mine]
-      return ', '.join(f'{k} {v.get(k)}' for k in keys)
-    raise VersionMismatchError(
-        f'Ray actor {self._actor_id} on node {node} runs {say(mine)} but the '
-        f'driver runs {say(theirs)}; install the same versions on every node')
-
-  def _build(self):
-    self._check_versions()
-    (config_dict, actor_id, restarts, observation_space, action_space, rng_state,
-     rng_alg, resumes, id_offset) = self._args
-    config = config_lib.Config.from_dict(config_dict)
-    self._rng = tf.random.Generator.from_state(rng_state, rng_alg)
-    self._actor = actor_pool.make_actor(
-        config, actor_id, restarts, observation_space, action_space,
-        self._broadcast, None, self._episodes.extend, threading.Event(),
-        rng=self._rng, resumes=resumes, id_offset=id_offset)
-    self._unrolls = self._actor.unrolls()
-
-  def unroll(self, version: int, weights_ref: list):
-    """Acts one unroll with the weights of `version`.
-
-    Args:
-      version: the policy version (learner step) of `weights_ref[0]`.
-      weights_ref: a one-element list holding the ObjectRef of the weights (a list,
-        so Ray passes the reference and the weights are fetched only when new):
-        `(spec, arrays)`, `spec` the driver network's `weight_spec`.
-
-    Returns:
-      (chunk, info): the chunk (dict of arrays `[B, T + 1, ...]`); info is a dict
-      with `steps` (int, agent steps taken), `episodes` (list of (return, length))
-      and `rng_state` (the sampling generator's state after this unroll).
-
-    Raises:
-      VersionMismatchError, WeightsMismatchError: see the classes; the env's own
-        errors.
-    """
-    if self._actor is None:
-      self._build()
-    if version != self._broadcast.version:
-      spec, weights = _ray().get(weights_ref[0])
-      check_weights(spec, weights, self._actor._network.variables,  # pylint: disable=protected-access
-                    self._actor_id)
-      self._broadcast.publish(version, weights)
-    steps = self._actor.steps
-    try:
-      chunk = next(self._unrolls)
-    except BaseException:
-      self._actor.close()  # The driver replaces this actor; free its env first.
-      raise
-    info = {'steps': self._actor.steps - steps,
-            'episodes': [tuple(e) for e in self._episodes],
-            'rng_state': self._rng.state.numpy()}
-    self._episodes.clear()
-    return chunk, info
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-_EXCEPTION_LINE = re.compile(r'^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*: ')
-
-
-def _where(frames) -> str:
-  """' (at FILE:LINE in FUNCTION)' of the innermost of `_FRAME` matches, or ''."""
-  if not frames:
-    return ''
-  path, line, function = frames[-1]
-  return f' (at {path}:{line} in {function})'
-
-
-def root_cause(error: BaseException) -> str:
-  """One line naming what made a Ray actor fail: `Type: message (at FILE:LINE in F)`.
-
-  For an exception raised in the actor (a `RayTaskError`): the original exception's
-  type and message and the innermost frame of its traceback (the env's own code
-  when the env raised). For an actor process that died: Ray's reason.
-  """
-  exceptions = _ray().exceptions
-  if type(error).__name__ == 'UnserializableException':
-    # The driver could not rebuild the actor's exception; its text holds the
-    # remote traceback, whose last line says what it was.
-    text = str(error)
-    frames = _FRAME.findall(text)
-    said = [l.strip() for l in text.splitlines() if _EXCEPTION_LINE.match(l.strip())]
-    if said:
-      return f'{actor_pool._one_line(said[-1])}{_where(frames)}'  # pylint: disable=protected-access
-  if isinstance(error, exceptions.RayTaskError):
-    cause = getattr(error, 'cause', None) or error
-    # The exception ray.get raises derives from the cause's class too; its str is
-    # the remote traceback (it has no traceback_str of its own).
-    frames = _FRAME.findall(str(error))
-    return (f'{type(cause).__name__}: '
-            f'{actor_pool._one_line(cause)}{_where(frames)}')  # pylint: disable=protected-access
-  if isinstance(error, exceptions.RayActorError):
-    lines = [l.strip() for l in str(error).splitlines() if l.strip()]
-    # An error in the actor's creation task: the last line is the exception.
-    frames = _FRAME.findall(str(error))
-    if getattr(error, 'actor_init_failed', False) and frames:
-      return (f'{type(error).__name__}: '
-              f'{actor_pool._one_line(lines[-1])}{_where(frames)}')  # pylint: disable=protected-access
-    reason = [l for l in lines if not l.startswith(('class_name:', 'actor_id:',
-                                                   'pid:', 'name:', 'namespace:'))]
-    return f'{type(error).__name__}: {actor_pool._one_line(" ".join(reason))}'  # pylint: disable=protected-access
-  return f'{type(error).__name__}: {actor_pool._one_line(error)}'  # pylint: disable=protected-access
 
 
 class _Slot:
@@ -691,7 +107,7 @@ class RayActorPool(actor_pool.ActorPool):
     self._slots: List[_Slot] = []
     self._steps = 0
     self._restarts = 0
-    self._session: Optional[RaySession] = None
+    self._session: Optional[ray_session.RaySession] = None
     self._feeder: Optional[threading.Thread] = None
     self._remote_class = None
     self._last_placement_check = 0.0
@@ -711,11 +127,12 @@ class RayActorPool(actor_pool.ActorPool):
           f'the learner\'s weights (shapes {[list(np.shape(w)) for w in weights]}) '
           f'do not fit the actors\' network ({[list(s) for _, s in self._spec]})')
     self.publish(version, weights)
-    self._session = RaySession(self.config.ray_address,
-                               connect_timeout=self.config.ray_connect_timeout_secs,
-                               runtime_env=self.config.ray_runtime_env_dict)
-    ray = _ray()
-    self._remote_class = ray.remote(ImpalaActor)
+    self._session = ray_session.RaySession(
+        self.config.ray_address,
+        connect_timeout=self.config.ray_connect_timeout_secs,
+        runtime_env=self.config.ray_runtime_env_dict)
+    ray = ray_session.import_ray()
+    self._remote_class = ray.remote(ray_actor.ImpalaActor)
     self._placement_group = self._reserve(ray)
     if self.stop_event.is_set():
       return
@@ -732,7 +149,7 @@ class RayActorPool(actor_pool.ActorPool):
       self._weights = list(weights)
 
   def get_chunk(self):
-    ray = _ray()
+    ray = ray_session.import_ray()
     while True:
       ref = self.queue.get()
       if ref is None:
@@ -755,7 +172,7 @@ class RayActorPool(actor_pool.ActorPool):
 
   def actor_pids(self) -> Dict[int, int]:
     """actor_id -> process id of its current Ray actor (for tests and tools)."""
-    ray = _ray()
+    ray = ray_session.import_ray()
     return {s.actor_id: ray.get(s.handle.pid.remote(), timeout=60)
             for s in self._slots if s.handle is not None}
 
@@ -765,7 +182,7 @@ class RayActorPool(actor_pool.ActorPool):
       self._feeder.join(timeout=30)
     if self._session is None:
       return
-    ray = _ray()
+    ray = ray_session.import_ray()
     for slot in self._slots:
       slot.pending.clear()
       if slot.handle is not None:
@@ -785,12 +202,12 @@ class RayActorPool(actor_pool.ActorPool):
   # --- Actors ----------------------------------------------------------------
 
   def _reference_spec(self):
-    """`weight_spec` of the network an actor builds from this run's config."""
+    """`ray_actor.weight_spec` of the network an actor builds from the config."""
     from impala_tf import networks  # pylint: disable=g-import-not-at-top
     with tf.device('/cpu:0'):
       net = networks.make_network(self.config, self.observation_space,
                                   self.action_space)
-    return weight_spec(net.variables)
+    return ray_actor.weight_spec(net.variables)
 
   def _options(self) -> dict:
     res = dict(self._resources)
@@ -819,7 +236,7 @@ class RayActorPool(actor_pool.ActorPool):
         **self._options(), **self._placement(slot)).remote(
         self.config.to_dict(), slot.actor_id, slot.restarts, self.observation_space,
         self.action_space, rng.state.numpy(), rng.algorithm, threads, self.resumes,
-        local_versions(), self.first_actor_id)
+        ray_actor.local_versions(), self.first_actor_id)
     self.spawns.append((slot.actor_id, time.monotonic()))
     slot.answered = False
     slot.pending = []
@@ -845,7 +262,7 @@ class RayActorPool(actor_pool.ActorPool):
 
   def _request(self, slot: _Slot):
     """Queues one unroll request on the slot's actor, with the latest weights."""
-    ray = _ray()
+    ray = ray_session.import_ray()
     with self._lock:
       if self._ref_version != self._version:
         # Once per version sent, with the names and shapes they are for.
@@ -859,7 +276,7 @@ class RayActorPool(actor_pool.ActorPool):
 
   def _feed(self):
     """The feeder thread: answers in, chunk references to the queue, requests out."""
-    ray = _ray()
+    ray = ray_session.import_ray()
     try:
       while not self.stop_event.is_set():
         self._respawn_due()
@@ -902,7 +319,7 @@ class RayActorPool(actor_pool.ActorPool):
       logging.exception('the Ray actor feeder failed')
       self.fail(actor_pool.ActorPoolError(
           f'the Ray actor pool failed: {type(e).__name__}: '
-          f'{actor_pool._one_line(e)}'))  # pylint: disable=protected-access
+          f'{errors.one_line(e)}'))
 
   def _account(self, slot: _Slot, info: dict):
     with self._lock:
@@ -916,9 +333,9 @@ class RayActorPool(actor_pool.ActorPool):
     """Replaces the slot's dead actor, or stops the run when it cannot."""
     if self.stop_event.is_set():
       return
-    cause = root_cause(error)
-    if isinstance(getattr(error, 'cause', None), _FATAL_ERRORS):
-      self.fail(actor_pool.ActorPoolError(actor_pool._one_line(error.cause)))  # pylint: disable=protected-access
+    cause = ray_actor.root_cause(error)
+    if isinstance(getattr(error, 'cause', None), ray_actor.FATAL_ERRORS):
+      self.fail(actor_pool.ActorPoolError(errors.one_line(error.cause)))
       return
     logging.error('Ray actor %d died (%s).\n%s', slot.actor_id, cause, error)
     try:

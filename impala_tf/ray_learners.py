@@ -1,7 +1,7 @@
 """Learner workers placed by Ray (`--learner_backend=ray --num_learner_workers=N`).
 
 `launch_ray(args, config)` connects to Ray (`--ray_address`: a cluster, or '' for a
-local Ray on 127.0.0.1, as the Ray actor backend does: `ray_actors.RaySession`),
+local Ray on 127.0.0.1, as the Ray actor backend does: `ray_session.RaySession`),
 places N `LearnerWorker` Ray actors with `--ray_learner_resources` each, all in one
 placement group (gang-placed: all of them or none, within
 `--ray_placement_timeout_secs`), checks that each runs the driver's impala_tf and
@@ -55,7 +55,7 @@ def _child_setup():  # Runs in the worker process between fork and exec.
   # Ray runs actor methods in threads that block SIGINT and SIGTERM; a child
   # inherits the mask across exec, and would never see the signals it is sent.
   signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
-  launcher._die_with_parent()  # pylint: disable=protected-access
+  launcher.die_with_parent()
 
 
 class LearnerWorker:
@@ -75,9 +75,9 @@ class LearnerWorker:
     return f'{ip}:{distribute.free_local_ports(1)[0]}'
 
   def versions(self) -> dict:
-    """The versions that must agree with the driver's (`ray_actors.local_versions`)."""
-    from impala_tf import ray_actors  # pylint: disable=g-import-not-at-top
-    return ray_actors.local_versions()
+    """The versions that must agree with the driver's (`ray_actor.local_versions`)."""
+    from impala_tf import ray_actor  # pylint: disable=g-import-not-at-top
+    return ray_actor.local_versions()
 
   def run(self, args: Sequence[str], env: dict):
     """Runs `python -m impala_tf.train ARGS` as this node's process, to its end.
@@ -163,7 +163,7 @@ def version_mismatch(driver: dict, workers: Sequence[dict],
   """The one line naming the first worker whose versions differ, or None.
 
   Args:
-    driver: the driver's `ray_actors.local_versions()`.
+    driver: the driver's `ray_actor.local_versions()`.
     workers: each worker's.
     addresses: each worker's `node:port`.
   """
@@ -192,12 +192,13 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
     0 when every worker exited with 0, else 1.
   """
   from impala_tf import actor_pool  # pylint: disable=g-import-not-at-top
-  from impala_tf import ray_actors  # pylint: disable=g-import-not-at-top
+  from impala_tf import ray_actor  # pylint: disable=g-import-not-at-top
+  from impala_tf import ray_session  # pylint: disable=g-import-not-at-top
   import ray  # pylint: disable=g-import-not-at-top
   num = config.num_learner_workers
   timeout = config.learner_worker_timeout_secs
   try:
-    session = ray_actors.RaySession(
+    session = ray_session.RaySession(
         config.ray_address, connect_timeout=config.ray_connect_timeout_secs,
         runtime_env=config.ray_runtime_env_dict)
   except actor_pool.ActorPoolError as e:
@@ -230,7 +231,7 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
             'the cluster lacks the resources; add nodes or ask for less',
             file=sys.stderr, flush=True)
       return 1
-    mismatch = version_mismatch(ray_actors.local_versions(),
+    mismatch = version_mismatch(ray_actor.local_versions(),
                                 ray.get([w.versions.remote() for w in workers],
                                         timeout=60), addresses)
     if mismatch:
@@ -261,7 +262,7 @@ def launch_ray(args: Sequence[str], config: config_lib.Config,
           for line in status:  # See _STATUS_LINE.
             print(line, file=sys.stderr if ': error: ' in line else sys.stdout,
                   flush=True)
-          what = launcher._describe(codes[i])  # pylint: disable=protected-access
+          what = launcher.describe_exit(codes[i])
         except ray.exceptions.RayError as e:  # The actor or its node died.
           codes[i] = -1
           what = f'was lost by Ray ({type(e).__name__})'

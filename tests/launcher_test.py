@@ -161,7 +161,7 @@ def test_the_signal_inbox_records_signals_and_the_deadline():
 @pytest.mark.parametrize('code, text', [(-9, 'was killed by SIGKILL'),
                                         (2, 'exited with status 2')])
 def test_describe(code, text):
-  assert launcher._describe(code) == text  # pylint: disable=protected-access
+  assert launcher.describe_exit(code) == text
 
 
 def test_each_worker_gets_gpus_of_its_own_or_none(monkeypatch):

@@ -11,13 +11,15 @@
 * `python -m impala_tf.train --actor_backend=ray` in a subprocess, which starts its
   own Ray: every port its processes listen on is bound to the loopback interface,
   and none of them is left after it exits normally, on SIGINT or on SIGTERM.
+
+The actor's own checks, the Ray session and its socket audit have their own tests
+(tests/ray_actor_test.py, tests/ray_session_test.py, tests/socket_audit_test.py).
 """
 
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,46 +34,21 @@ import tensorflow as tf
 from impala_tf import actor as actor_lib
 from impala_tf import actor_pool
 from impala_tf import driver
-from impala_tf import environments
-from impala_tf import networks
+from impala_tf import ray_actor
 from impala_tf import ray_actors
+from impala_tf import ray_session
 from impala_tf import testing
+
+# What the Ray tests share; pytest finds a fixture by its name in this module.
+import ray_testing
+from ray_testing import local_ray, no_ray  # pylint: disable=unused-import
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-# Timeouts are generous: a Ray actor process imports TensorFlow, which took up to
-# 100 s on a 2-core machine at load 8 (CI shares its 2 cores between 2 test workers).
-def _config(logdir='/tmp/unused', **overrides):
-  base = dict(env='CartPole-v1', actor_backend='ray', num_actors=2,
-              num_envs_per_actor=4, unroll_length=5, batch_size=4,
-              learner_queue_size=2, learner_queue_timeout=300.0,
-              total_environment_frames=2000, log_interval_secs=0.3, logdir=logdir)
-  base.update(overrides)
-  return testing.tiny_config(**base)
-
-
-@pytest.fixture(scope='module')
-def local_ray():
-  session = ray_actors.RaySession('', num_cpus=2)
-  assert session.started
-  yield session
-  session.close()
-
-
-def _spaces(config):
-  return environments.env_spaces(config.env)
-
-
-def _weights(config, seed):
-  obs_space, action_space = _spaces(config)
-  net = networks.make_network(config.replace(seed=seed), obs_space, action_space)
-  return [v.numpy() for v in net.variables]
-
-
-def _rngs(config):
-  return [tf.random.Generator.from_seed(actor_pool.actor_rng_seed(config, i))
-          for i in range(config.num_actors)]
+_config = ray_testing.ray_config
+_spaces = ray_testing.spaces
+_weights = ray_testing.weights
+_rngs = ray_testing.rngs
 
 
 def _thread_chunks(config, actor_id, weights, n):
@@ -86,32 +63,6 @@ def _thread_chunks(config, actor_id, weights, n):
     return [next(gen) for _ in range(n)]
   finally:
     act.close()
-
-
-def _actor_args(config, actor_id=0):
-  """The positional arguments RayActorPool gives ImpalaActor."""
-  rng = _rngs(config)[actor_id]
-  return (config.to_dict(), actor_id, 0, *_spaces(config), rng.state.numpy(),
-          rng.algorithm, 1)
-
-
-@pytest.mark.parametrize('gpu_ids', [[], [0]])
-def test_actor_hides_gpus_unless_ray_gave_it_one(monkeypatch, gpu_ids):
-  # Ray 2.60 leaves CUDA_VISIBLE_DEVICES as the node's for an actor without a GPU.
-  monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '0,1')
-  monkeypatch.setattr(ray, 'get_gpu_ids', lambda: list(gpu_ids))
-  hidden = []
-  for setter in ('set_intra_op_parallelism_threads',
-                 'set_inter_op_parallelism_threads'):  # TF already started here.
-    monkeypatch.setattr(tf.config.threading, setter, lambda n: None)
-  monkeypatch.setattr(tf.config, 'set_visible_devices',
-                      lambda devices, kind=None: hidden.append((devices, kind)))
-  actor = ray_actors.ImpalaActor(*_actor_args(_config()))
-  del actor
-  if gpu_ids:
-    assert hidden == [] and os.environ['CUDA_VISIBLE_DEVICES'] == '0,1'
-  else:
-    assert hidden == [([], 'GPU')] and os.environ['CUDA_VISIBLE_DEVICES'] == ''
 
 
 def test_ray_pool_chunks_equal_thread_chunks_none_lost_or_duplicated(local_ray):
@@ -200,52 +151,11 @@ def test_actors_act_only_when_the_learner_queue_has_room(local_ray):
   assert np.mean(lags[2:]) <= 1.8, lags
 
 
-def _unroll_in_process(config, spec_edit=None, **actor_kwargs):
-  """One unroll of an ImpalaActor built in this process (no actor process)."""
-  actor = ray_actors.ImpalaActor(*_actor_args(config), **actor_kwargs)
-  obs_space, action_space = _spaces(config)
-  net = networks.make_network(config, obs_space, action_space)
-  spec = ray_actors.weight_spec(net.variables)
-  if spec_edit:
-    spec = spec_edit(spec)
-  ref = ray.put((spec, [v.numpy() for v in net.variables]))
-  return actor.unroll(0, [ref])
-
-
-def test_actor_checks_the_driver_versions(local_ray):
-  del local_ray
-  config = _config()
-  mine = ray_actors.local_versions()
-  chunk, info = _unroll_in_process(config, driver_versions=dict(mine))
-  assert chunk['reward'].shape == (4, 6) and info['steps'] == 20
-  with pytest.raises(ray_actors.VersionMismatchError) as e:
-    _unroll_in_process(config, driver_versions=dict(mine, impala_tf='0.0.1'))
-  message = str(e.value)
-  assert '\n' not in message
-  assert f"impala_tf {mine['impala_tf']}" in message and 'impala_tf 0.0.1' in message
-
-
-@pytest.mark.parametrize('edit,says', [
-    (lambda spec: spec[::-1], 'agent/baseline/b [1]'),  # Same arrays, other order.
-    (lambda spec: [('agent/x/w', s) if i == 0 else (n, s)
-                   for i, (n, s) in enumerate(spec)], 'agent/x/w'),
-    (lambda spec: spec[:-1], '{n} arrays for {n_1} variables'),
-])
-def test_actor_checks_weights_by_name_and_shape(local_ray, edit, says):
-  del local_ray
-  config = _config()
-  n = len(_weights(config, seed=0))
-  with pytest.raises(ray_actors.WeightsMismatchError) as e:
-    _unroll_in_process(config, spec_edit=edit)
-  says = says.format(n=n, n_1=n - 1)
-  assert says in str(e.value) and '\n' not in str(e.value), str(e.value)
-
-
 def test_version_mismatch_stops_the_pool_at_once_in_one_line(local_ray,
                                                              monkeypatch):
   del local_ray
   # The driver says it runs another impala_tf than its actors do.
-  monkeypatch.setattr(ray_actors, 'local_versions',
+  monkeypatch.setattr(ray_actor, 'local_versions',
                       lambda: {'impala_tf': '0.0.1', 'TensorFlow': tf.__version__})
   config = _config(num_actors=1)
   stop = threading.Event()
@@ -272,22 +182,6 @@ def _run_pool_until_it_fails(config, timeout=300):
   finally:
     pool.stop()
   return pool
-
-
-def test_root_cause_of_an_exception_the_driver_could_not_rebuild():
-  # What ray.get raised for an env module missing on the actor's node.
-  error = ray.exceptions.UnserializableException(
-      'ray.exceptions.RayTaskError: ray::ImpalaActor.unroll() (pid=1, ip=127.0.0.1)\n'
-      '  File "/x/impala_tf/ray_actors.py", line 594, in unroll\n'
-      '    self._build()\n'
-      '  File "/x/impala_tf/environments.py", line 214, in check_env_id\n'
-      '    raise ConfigError(\'env\', env_id,\n'
-      "impala_tf.config.ConfigError: env=m:E-v0: cannot import module 'm' named "
-      "before the \":\": No module named 'm'\n")
-  assert ray_actors.root_cause(error) == (
-      "impala_tf.config.ConfigError: env=m:E-v0: cannot import module 'm' named "
-      'before the ":": No module named \'m\' (at /x/impala_tf/environments.py:214 '
-      'in check_env_id)')
 
 
 def test_restart_backoff_doubles_up_to_its_cap():
@@ -506,7 +400,7 @@ def two_nodes():
   """A head node without actor resources and a node with resource actor_node."""
   if ray.is_initialized():
     ray.shutdown()  # The module's local instance (its fixture's close is a no-op).
-  with ray_actors.loopback_only():  # Keep the test's ports off the network too.
+  with ray_session.loopback_only():  # Keep the test's ports off the network too.
     cluster = cluster_utils.Cluster(initialize_head=True,
                                     head_node_args={'num_cpus': 1})
     node = cluster.add_node(num_cpus=2, resources={'actor_node': 2})
@@ -546,71 +440,6 @@ def test_cluster_actors_on_the_other_node_and_node_loss(two_nodes, tmp_path):
   assert counters['learner_steps'] == final['learner_steps']
 
 
-# --- Joining a running Ray ---------------------------------------------------------
-
-
-def _within(seconds, fn):
-  """fn() in a thread; its result, its exception, or a failure after `seconds`."""
-  out = {}
-
-  def run():
-    try:
-      out['value'] = fn()
-    except BaseException as e:  # pylint: disable=broad-except
-      out['error'] = e
-  thread = threading.Thread(target=run, daemon=True)
-  thread.start()
-  thread.join(seconds)
-  assert not thread.is_alive(), f'still running after {seconds} s'
-  if 'error' in out:
-    raise out['error']
-  return out['value']
-
-
-@pytest.fixture
-def no_ray():
-  if ray.is_initialized():
-    ray.shutdown()  # The module's local instance (its fixture's close is a no-op).
-  yield
-  if ray.is_initialized():
-    ray.shutdown()
-
-
-def test_an_address_where_nothing_answers_is_one_line_in_time(no_ray):
-  del no_ray
-  with socket.socket() as s:  # A loopback port where nothing listens.
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
-  start = time.monotonic()
-  with pytest.raises(actor_pool.ActorPoolError) as e:
-    _within(90, lambda: ray_actors.RaySession(f'127.0.0.1:{port}'))
-  message = str(e.value)
-  assert message.startswith(f'--ray_address=127.0.0.1:{port}: no Ray cluster '
-                            'answered (ConnectionRefusedError'), message
-  assert '--ray_connect_timeout_secs=60' in message and '\n' not in message
-  assert time.monotonic() - start < 60
-  assert not ray.is_initialized()
-
-
-def test_joins_a_head_started_on_loopback(no_ray):
-  del no_ray
-  # A single-machine head (listening on 127.0.0.1 only), started outside the run.
-  with ray_actors.loopback_only():
-    cluster = cluster_utils.Cluster(initialize_head=True,
-                                    head_node_args={'num_cpus': 1})
-  try:
-    session = _within(120, lambda: ray_actors.RaySession(cluster.address))
-    try:
-      assert not session.started
-      assert [n['NodeManagerAddress'] for n in ray.nodes()] == ['127.0.0.1']
-      assert ray.get(ray.remote(lambda: 7).remote(), timeout=120) == 7
-    finally:
-      session.close()
-    assert not ray.is_initialized()
-  finally:
-    cluster.shutdown()
-
-
 _SHIPPED_ENV = """
 import gymnasium as gym
 from gymnasium.envs.classic_control import cartpole
@@ -641,24 +470,6 @@ def test_runtime_env_ships_code_the_actors_node_lacks(no_ray, tmp_path,
     pool.stop()
   assert pool.error is None, pool.error
   assert chunk is not None and chunk['reward'].shape == (4, 6)
-
-
-def test_a_local_ray_that_does_not_listen_on_loopback_only_is_stopped(no_ray,
-                                                                     monkeypatch):
-  del no_ray
-  real = ray_actors._listening_sockets  # pylint: disable=protected-access
-
-  def as_if_on_every_interface():  # A Ray release that ignores the constant.
-    return {inode: '00000000:' + addr.rsplit(':', 1)[1]
-            for inode, addr in real().items()}
-  monkeypatch.setattr(ray_actors, '_listening_sockets', as_if_on_every_interface,
-                      raising=False)
-  with pytest.raises(actor_pool.ActorPoolError) as e:
-    ray_actors.RaySession('', num_cpus=1)
-  message = str(e.value)
-  assert message.startswith('the local Ray instance listens on 0.0.0.0:'), message
-  assert 'not only on 127.0.0.1' in message and '\n' not in message
-  assert not ray.is_initialized()  # Failed closed: shut down.
 
 
 # --- The command line starts and stops its own Ray --------------------------------

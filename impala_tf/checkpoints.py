@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from impala_tf import config as config_lib
 from impala_tf import environments
+from impala_tf import errors
 from impala_tf import networks
 from impala_tf import rundir
 from impala_tf import saved_policy
@@ -161,9 +162,7 @@ class Checkpointer:
     try:
       checkpoint.restore(path).assert_existing_objects_matched()
     except (AssertionError, ValueError) as e:
-      detail = ' '.join(str(e).split())
-      if len(detail) > 300:
-        detail = detail[:300] + '...'
+      detail = errors.one_line(e)
       raise CheckpointMismatchError(
           f'cannot resume from {path}: it does not match this run\'s network or '
           f'optimizer ({detail}); rerun with the flags that wrote it (see '
@@ -315,7 +314,7 @@ def _short(e: BaseException) -> str:
   text = ' '.join(str(e).split()) or type(e).__name__
   if isinstance(e, tf.errors.OpError):
     text = f'{type(e).__name__}: {" ".join(e.message.split())}'
-  return text[:200] + ('...' if len(text) > 200 else '')
+  return errors.one_line(text)
 
 
 # --- run directories ---------------------------------------------------------

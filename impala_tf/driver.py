@@ -44,6 +44,7 @@ from impala_tf import config as config_lib
 from impala_tf import data
 from impala_tf import distribute
 from impala_tf import environments
+from impala_tf import errors
 from impala_tf import envpool_env
 from impala_tf import learner as learner_lib
 from impala_tf import losses
@@ -134,12 +135,11 @@ def _drain(iterator, deadline: float):
 
 
 def _first_line(error: BaseException) -> str:
-  """`Type: reason` of a TensorFlow error, on one line (at most ~200 chars)."""
+  """`Type: reason` of a TensorFlow error, on one line (`errors.one_line`)."""
   lines = [l.strip() for l in str(error).splitlines() if l.strip()]
   reason = next((l for l in lines if 'abort' in l.lower() or 'unhealthy' in l.lower()
                  or 'deadline' in l.lower()), lines[0] if lines else '')
-  text = f'{type(error).__name__}: {reason}'
-  return text if len(text) <= 200 else text[:200] + '...'
+  return errors.one_line(f'{type(error).__name__}: {reason}')
 
 
 def _last_metrics(logdir: str) -> Dict[str, object]:

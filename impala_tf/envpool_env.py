@@ -81,6 +81,7 @@ import numpy as np
 
 from impala_tf.config import Config
 from impala_tf.config import ConfigError
+from impala_tf import errors
 
 INSTALL_HINT = 'pip install -e ".[atari]" (or pip install envpool)'
 _FRAME_SKIP = 4
@@ -111,8 +112,8 @@ def import_error() -> str:
     except Exception as e:  # pylint: disable=broad-except
       # ImportError, or whatever a broken build raises at import (OSError for a
       # missing shared library, AttributeError for a numpy it was not built for).
-      text = ' '.join(str(e).split()) or 'no message'
-      _import_error = f'{type(e).__name__}: {text[:200]}'
+      _import_error = errors.one_line(
+          f'{type(e).__name__}: {str(e).strip() or "no message"}')
   return _import_error
 
 

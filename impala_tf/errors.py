@@ -8,19 +8,21 @@ text at `LIMIT` characters, the last of them `MARKER`.
 Standard library only, so that any module may import it.
 """
 
+from typing import Optional
+
 # The most characters `one_line` returns by default, `MARKER` included.
 LIMIT = 300
 # What ends a text that `one_line` cut.
 MARKER = '...'
 
 
-def one_line(message, limit: int = LIMIT) -> str:
+def one_line(message, limit: Optional[int] = LIMIT) -> str:
   """`str(message)` on one line, at most `limit` characters.
 
   Args:
     message: an exception, a string or any object (its `str` is used).
     limit: the most characters returned, `MARKER` included; at least
-      `len(MARKER)`.
+      `len(MARKER)`. None: no limit (a message that is the whole error line).
 
   Returns:
     The text with each run of whitespace made one space; when that is longer
@@ -28,4 +30,4 @@ def one_line(message, limit: int = LIMIT) -> str:
     `MARKER`.
   """
   text = ' '.join(str(message).split())
-  return text if len(text) <= limit else text[:limit - len(MARKER)] + MARKER
+  return text if limit is None or len(text) <= limit else text[:limit - len(MARKER)] + MARKER

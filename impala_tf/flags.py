@@ -44,6 +44,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from absl import flags as absl_flags
 
 from impala_tf import config as config_lib
+from impala_tf import errors
 
 FLAGS = absl_flags.FLAGS
 
@@ -349,14 +350,10 @@ def import_tensorflow_if_old(import_fn: Optional[Callable[[], object]] = None
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
 
 
-def _one_line(message: str) -> str:
-  return ' '.join(str(message).split())
-
-
 def exit_with_error(message: str, prog: Optional[str] = None) -> None:
   """Prints `<prog>: error: <message>` as one line on stderr and exits with 2."""
   prog = prog or prog_name()
-  sys.stderr.write(f'{prog}: error: {_one_line(message)}\n')
+  sys.stderr.write(f'{prog}: error: {errors.one_line(message, limit=None)}\n')
   sys.stderr.flush()
   sys.exit(EXIT_USAGE)
 
@@ -374,7 +371,7 @@ def _flag_error_message(error: Exception) -> str:
       names = ', '.join(f'--{n.strip()}' for n in match.group(1).split(','))
       message += f' (did you mean {names}?)'
     return message
-  message = _one_line(str(error))
+  message = errors.one_line(error, limit=None)
   if message.startswith('ERROR:: '):
     message = message[len('ERROR:: '):]
   match = _NON_BOOLEAN_RE.match(message)

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from impala_tf import config as config_lib
 from impala_tf import episodes
+from impala_tf import errors
 from impala_tf import networks
 from impala_tf import types
 
@@ -150,7 +151,7 @@ class PeriodicEvaluator:
       except Exception as e:  # pylint: disable=broad-except
         # An evaluation never stops the training it watches: log, keep going.
         logging.warning('periodic evaluation at %d env frames failed: %s', frames,
-                        ' '.join(str(e).split())[:300])
+                        errors.one_line(e))
         self.error = e
         continue
       self._count += 1

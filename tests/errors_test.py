@@ -25,3 +25,7 @@ def test_one_line_cuts_at_the_limit_with_the_marker():
 
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))
+
+
+def test_no_limit_keeps_the_whole_text_on_one_line():
+  assert errors.one_line('a\n  b' + 'c' * 400, limit=None) == 'a b' + 'c' * 400

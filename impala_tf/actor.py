@@ -8,7 +8,7 @@ env; fields of `impala_tf.types.Unroll`, the recurrent state flattened into
 `core_state_0`, `core_state_1`, ...). Consecutive unrolls overlap by one step.
 
 The per-step loop does only what must be Python: one forward pass for the whole batch
-of envs (a tf.function call; for a feed-forward MLP, `networks.NumpyMLPPolicy`
+of envs (a tf.function call; for a feed-forward MLP, `numpy_policy.NumpyMLPPolicy`
 computes the same logits with numpy, which on the CPU is ~10x cheaper than a
 TensorFlow call and does not queue behind the learner's ops), Gumbel-max sampling of
 the actions in numpy (a numpy generator seeded when the actor starts from the actor's
@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import environments
-from impala_tf import networks
+from impala_tf import numpy_policy
 from impala_tf import types
 
 
@@ -151,9 +151,9 @@ class Actor:
     self._rng = rng if rng is not None else tf.random.Generator.from_seed(seed)
     self._recurrent = bool(network.initial_state(1))
     self._numpy_policy = None
-    if networks.NumpyMLPPolicy.supports(network):
+    if numpy_policy.NumpyMLPPolicy.supports(network):
       # Feed-forward MLP: act with numpy, no TensorFlow call per step.
-      self._numpy_policy = networks.NumpyMLPPolicy(network)
+      self._numpy_policy = numpy_policy.NumpyMLPPolicy(network)
       self._numpy_policy.set_weights([v.numpy() for v in network.variables])
     if self._recurrent:
       self._policy = tf.function(self._policy_step, autograph=False)

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import config as config_lib
+from impala_tf import torso_choice
 
 TF_CONFIG = 'TF_CONFIG'
 # Set (to 1) in the environment of the workers `impala_tf.launcher` starts: the
@@ -288,7 +289,7 @@ def inter_op_threads(config: config_lib.Config,
   -1 (auto) gives 1 where the learner is the process's only TensorFlow work: one
   CPU replica (no GPU, no logical CPU devices, one learner worker) and `threads`
   actors that act with
-  numpy (`networks.NumpyMLPPolicy`: an 'mlp' torso, or 'auto' on vector
+  numpy (`numpy_policy.NumpyMLPPolicy`: an 'mlp' torso, or 'auto' on vector
   observations, without LSTM). There the learner's ops run one after another on
   one pool thread instead of handing off between threads, which costs the actor
   thread's core less CPU (more env frames/s and learner frames/s on CartPole,
@@ -307,8 +308,8 @@ def inter_op_threads(config: config_lib.Config,
   """
   if config.tf_inter_op_threads >= 0:
     return config.tf_inter_op_threads
-  numpy_actors = (config.network == 'mlp' or (
-      config.network == 'auto' and len(observation_shape) == 1)) and not config.use_lstm
+  torso = torso_choice.resolve_torso(config.network, observation_shape)
+  numpy_actors = torso == 'mlp' and not config.use_lstm
   one_cpu_replica = (config.num_gpus == 0 and config.num_virtual_cpu_devices <= 1 and
                      config.num_learner_workers == 1)
   return 1 if (numpy_actors and one_cpu_replica and

@@ -16,7 +16,7 @@ metrics line carries the result:
 The learner never waits for it: `submit` only stores the weights. A request that
 comes while an evaluation still runs replaces the one waiting (the newest weights
 win), so on a fast run the evaluations are as frequent as they can be, never more.
-A feed-forward MLP policy is computed with numpy (`networks.NumpyMLPPolicy`); any
+A feed-forward MLP policy is computed with numpy (`numpy_policy.NumpyMLPPolicy`); any
 other network is a CPU copy of the learner's, called through one `tf.function`.
 
 Shapes: weights are numpy arrays in `AgentNetwork.variables` order (what the
@@ -35,6 +35,7 @@ from impala_tf import config as config_lib
 from impala_tf import episodes
 from impala_tf import errors
 from impala_tf import networks
+from impala_tf import numpy_policy
 from impala_tf import types
 
 # Seed offset of the evaluation envs (actor envs use seed + small offsets).
@@ -46,8 +47,8 @@ class _WeightsPolicy:
 
   def __init__(self, network: networks.AgentNetwork):
     self._network = network
-    self._numpy = (networks.NumpyMLPPolicy(network)
-                   if networks.NumpyMLPPolicy.supports(network) else None)
+    self._numpy = (numpy_policy.NumpyMLPPolicy(network)
+                   if numpy_policy.NumpyMLPPolicy.supports(network) else None)
     self._step = None if self._numpy else tf.function(self._step_fn,
                                                       autograph=False)
 

@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from impala_tf import config as config_lib
 from impala_tf import environments
+from impala_tf import torso_choice
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 CONFIG_FILE = 'config.json'
@@ -316,13 +317,6 @@ def flag_value(value) -> str:
   return str(value)
 
 
-def _torso(network: str, observation_space) -> str:
-  """The torso `networks.make_network` builds for `network` ('auto' resolved)."""
-  if network != 'auto':
-    return network
-  return 'mlp' if len(observation_space.shape) == 1 else 'deep'
-
-
 def _spaces_key(obs_space, action_space):
   return (tuple(obs_space.shape), str(obs_space.dtype), int(action_space.n))
 
@@ -369,8 +363,8 @@ def resume_differences(saved: Dict[str, object], config: config_lib.Config,
         differ(k, old(k), getattr(config, k))
       if old_obs is None:
         old_obs = obs_space
-  old_torso = _torso(old('network'), old_obs)
-  new_torso = _torso(config.network, obs_space)
+  old_torso = torso_choice.resolve_torso(old('network'), old_obs.shape)
+  new_torso = torso_choice.resolve_torso(config.network, obs_space.shape)
   if old_torso != new_torso:
     differ('network', old('network'), config.network)
   if old_torso == new_torso == 'mlp':

@@ -12,6 +12,7 @@ import tensorflow as tf
 from impala_tf import networks
 from impala_tf import rundir
 from impala_tf import types
+from impala_tf import user_torso
 
 
 
@@ -100,7 +101,7 @@ def save_policy(network, path: str):
 def _plain_copy(network):
   """A copy of `network` with plain (non-mirrored) variables on the CPU."""
   with tf.device('/cpu:0'):
-    user = isinstance(network.torso, networks.UserTorso)
+    user = isinstance(network.torso, user_torso.UserTorso)
     hidden = [] if user else [
         layer.b.shape[0] for layer in getattr(network.torso, 'layers', [])]
     copy = networks.AgentNetwork(

@@ -60,9 +60,9 @@ def validated_config() -> config_lib.Config:
     from impala_tf import envpool_env  # pylint: disable=g-import-not-at-top
     envpool_env.check_config(cfg)  # Refuses flags EnvPool ignores.
     if config_lib.is_user_network(cfg.network):
-      from impala_tf import networks  # pylint: disable=g-import-not-at-top
+      from impala_tf import user_torso  # pylint: disable=g-import-not-at-top
       try:
-        networks.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
+        user_torso.resolve_torso_fn(cfg.network)  # Imports MODULE; runs no TF op.
       except config_lib.ConfigError as e:
         raise with_user_code_location(e, FLAGS.verbosity) from None
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top

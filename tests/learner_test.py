@@ -445,19 +445,6 @@ def test_num_valid_counts_masked_steps():
   assert float(out['num_valid']) == T * B - 2
 
 
-def test_clip_rewards_against_numpy():
-  r = np.array([[-7.0, -1.5, -1.0, -0.3, 0.0], [0.2, 1.0, 1.7, 5.0, 40.0]],
-               np.float32)
-  clip = lambda mode: learner_lib.clip_rewards(tf.constant(r), mode).numpy()
-  np.testing.assert_allclose(clip('abs_one'),
-                             np.clip(r, -1, 1))
-  squeezed = np.tanh(r / 5.0)
-  expected = np.where(r < 0, 0.3 * squeezed, squeezed) * 5.0
-  np.testing.assert_allclose(
-      clip('soft_asymmetric'), expected, rtol=1e-6, atol=1e-6)
-  np.testing.assert_array_equal(clip('none'), r)
-
-
 def test_learner_applies_reward_clipping():
   # abs_one on big rewards == none on np.clip'ed rewards (an MLP does not see
   # the reward, so only the loss can tell them apart).
@@ -729,41 +716,6 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
           comps_equal=two['comps_equal'])
     print('RESULT ' + json.dumps(out))
 """)
-
-
-def test_packed_fold_sums_counts_keeps_the_max_and_the_first_only_keys():
-  first = {'steps': 1, 'fresh_frames': 80.0, 'policy_lag_max': 3.0, 'loss': 2.5,
-           'grad_norm_policy': 7.0, 'data_wait_seconds': 0.25}
-  later = {'steps': 1, 'fresh_frames': 40.0, 'policy_lag_max': 1.0, 'loss': -1.5}
-  packer = learner_lib._Packed(first)
-  assert packer.keys == sorted(first)
-  acc = packer.pack({k: tf.constant(v) for k, v in first.items()})
-  # The later step lacks two keys: packed as 0, folded as the first's.
-  new = packer.pack({k: tf.constant(v) for k, v in later.items()})
-  out = dict(zip(packer.keys, packer.fold(acc, new, later).numpy().tolist()))
-  assert out == {'steps': 2.0, 'fresh_frames': 120.0, 'policy_lag_max': 3.0,
-                 'loss': -1.5, 'grad_norm_policy': 7.0, 'data_wait_seconds': 0.25}
-
-
-@pytest.mark.parametrize('shape', [(3, 5), (3, 5, 2), (2, 4, 3, 2)])
-def test_time_major_is_the_transpose(shape):
-  x = tf.constant(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))
-  want = np.swapaxes(x.numpy(), 0, 1)
-  np.testing.assert_array_equal(learner_lib._time_major(x).numpy(), want)
-  # Unknown B and T (a user's graph): the transpose itself.
-  fn = tf.function(learner_lib._time_major, input_signature=[
-      tf.TensorSpec([None, None] + list(shape[2:]), tf.float32)])
-  np.testing.assert_array_equal(fn(x).numpy(), want)
-
-
-def test_term_gradients_are_summed_left_to_right():
-  # In float32, (1e8 + -1e8) + 1 is 1 but 1e8 + (-1e8 + 1) is 0: the sum of the
-  # three term gradients has one order, the same on every replica.
-  a = tf.constant([1e8, 1.0], tf.float32)
-  b = tf.constant([-1e8, 2.0], tf.float32)
-  e = tf.constant([1.0, 4.0], tf.float32)
-  total = tf.function(learner_lib._sum_in_order)([a, b, e])
-  np.testing.assert_array_equal(total.numpy(), [1.0, 7.0])
 
 
 def test_tower_property_two_replicas_equal_one(tmp_path):

@@ -10,8 +10,15 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import config as config_lib
+from impala_tf import layers
 from impala_tf import networks
+from impala_tf import numpy_policy
+from impala_tf import popart as popart_lib
+from impala_tf import torsos
 from impala_tf import types
+from impala_tf import user_torso
+
+import network_inputs
 
 T, B, A, H = 3, 2, 4, 8
 
@@ -23,34 +30,15 @@ OBS = {
 }
 
 
-def _inputs(lead, obs_shape, dtype, seed=0, first=None):
-  """Random AgentInput with leading dims `lead` (e.g. (T, B) or (B,))."""
-  rng = np.random.default_rng(seed)
-  if dtype == np.uint8:
-    obs = rng.integers(0, 256, size=lead + obs_shape, dtype=np.uint8)
-  else:
-    obs = rng.normal(size=lead + obs_shape).astype(dtype)
-  if first is None:
-    first = rng.random(lead) < 0.3
-  return types.AgentInput(
-      observation=obs,
-      prev_action=rng.integers(0, A, size=lead).astype(np.int32),
-      reward=rng.normal(scale=2.0, size=lead).astype(np.float32),
-      first=np.asarray(first, bool))
-
-
 def _net(torso, use_lstm, seed=0, **kw):
   shape, dtype = OBS[torso]
   return networks.AgentNetwork(shape, dtype, A, torso=torso, mlp_hidden_sizes=(16,),
                                use_lstm=use_lstm, lstm_size=H, seed=seed, **kw)
 
 
-def _num_params(module):
-  return sum(int(np.prod(v.shape)) for v in module.trainable_variables)
-
-
-def _slice(inputs, t):
-  return types.AgentInput(*(x[t] for x in inputs))
+_inputs = network_inputs.random_inputs
+_num_params = network_inputs.num_params
+_slice = network_inputs.time_slice
 
 
 @pytest.mark.parametrize('use_lstm', [False, True])
@@ -396,127 +384,6 @@ def test_works_without_keras(legacy_keras):
   assert result.returncode == 0, result.stderr[-2000:]
 
 
-# --- NumpyMLPPolicy: the actors' numpy forward pass ---------------------------
-
-
-@pytest.mark.parametrize('dtype,shape', [(tf.float32, (4,)), (tf.uint8, (6, 5, 2))])
-def test_numpy_mlp_policy_matches_tensorflow_logits(dtype, shape):
-  learner_net = networks.AgentNetwork(shape, dtype, 3, mlp_hidden_sizes=(16, 8),
-                                      seed=1)
-  actor_net = networks.AgentNetwork(shape, dtype, 3, mlp_hidden_sizes=(16, 8),
-                                    seed=2)
-  policy = networks.NumpyMLPPolicy(actor_net)
-  # Weights come from another instance, in `variables` order, as the learner sends.
-  policy.set_weights([v.numpy() for v in learner_net.variables])
-  rng = np.random.default_rng(0)
-  obs = (rng.random((7,) + shape) * (255 if dtype == tf.uint8 else 3)).astype(
-      dtype.as_numpy_dtype)
-  out, _ = learner_net.step(types.AgentInput(
-      obs, np.zeros(7, np.int32), np.zeros(7, np.float32), np.zeros(7, bool)), ())
-  np.testing.assert_allclose(policy(obs), out.policy_logits.numpy(), rtol=1e-5,
-                             atol=1e-6)
-
-
-def test_numpy_mlp_policy_refuses_recurrent_and_conv_networks():
-  lstm = networks.AgentNetwork((4,), tf.float32, 2, mlp_hidden_sizes=(8,),
-                               use_lstm=True, lstm_size=4)
-  conv = networks.AgentNetwork((36, 36, 2), tf.uint8, 2, torso='deep')
-  for net in (lstm, conv):
-    assert not networks.NumpyMLPPolicy.supports(net)
-    with pytest.raises(ValueError, match='MLP network without an LSTM'):
-      networks.NumpyMLPPolicy(net)
-
-
-# --- the user's own torso: --network=MODULE:FUNCTION --------------------------
-
-_TORSOS_FILE = 'testdata/torsos.py'  # The user torsos below, `testdata.torsos:NAME`.
-_CARTPOLE_SPACES = (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2))
-
-
-def _user_net(torso, use_lstm=False, spaces=_CARTPOLE_SPACES):
-  assert os.path.isfile(os.path.join(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))), _TORSOS_FILE))
-  cfg = config_lib.Config(network=f'testdata.torsos:{torso}', use_lstm=use_lstm,
-                          lstm_size=H)
-  return networks.make_network(cfg, *spaces)
-
-
-@pytest.mark.parametrize('use_lstm', [False, True])
-@pytest.mark.parametrize('torso,features', [
-    ('keras_mlp', 16), ('keras_layer', 8), ('module_mlp', 8), ('identity', 4)])
-def test_user_torso_gets_impala_heads_and_core(torso, features, use_lstm):
-  net = _user_net(torso, use_lstm)
-  assert isinstance(net.torso, networks.UserTorso)
-  assert net.torso_name == f'testdata.torsos:{torso}'
-  assert net.torso.output_size == features
-  # Variables exist before any call (checkpoint restore and optimizer build).
-  torso_vars = 0 if torso == 'identity' else 2
-  assert len(net.torso.torso_variables) == torso_vars
-  heads = (features + 1) * 3  # Policy (A=2) and baseline heads.
-  if use_lstm:
-    heads = (features + 3 + H) * 4 * H + 4 * H + (H + 1) * 3
-  assert len(net.trainable_variables) == torso_vars + (7 if use_lstm else 4)
-  assert _num_params(net) - sum(
-      int(np.prod(v.shape)) for v in net.torso.torso_variables) == heads
-  # unroll equals repeated step, LSTM state carried; gradients reach the torso.
-  inputs = _inputs((T, B), (4,), np.float32)
-  with tf.GradientTape() as tape:
-    out, _ = net.unroll(inputs)
-    loss = tf.reduce_sum(out.policy_logits) + tf.reduce_sum(out.baseline)
-  assert out.policy_logits.shape == (T, B, 2) and out.baseline.shape == (T, B)
-  grads = tape.gradient(loss, net.trainable_variables)
-  assert all(g is not None for g in grads)
-  state = net.initial_state(B)
-  for t in range(T):
-    step_out, state = net.step(_slice(inputs, t), state)
-    np.testing.assert_allclose(step_out.policy_logits, out.policy_logits[t],
-                               rtol=1e-5, atol=1e-6)
-  assert not networks.NumpyMLPPolicy.supports(net)
-
-
-def test_user_torso_variables_checkpoint_and_copy(tmp_path):
-  a, b = _user_net('keras_mlp'), _user_net('keras_mlp')
-  inputs = _inputs((B,), (4,), np.float32)
-  for v in a.variables:
-    v.assign(tf.random.stateless_normal(v.shape, [3, len(v.name)], dtype=v.dtype))
-  path = tf.train.Checkpoint(network=a).save(str(tmp_path / 'ckpt'))
-  tf.train.Checkpoint(network=b).restore(path).assert_existing_objects_matched()
-  out_a, _ = a.step(inputs)
-  out_b, _ = b.step(inputs)
-  np.testing.assert_allclose(out_a.policy_logits, out_b.policy_logits, rtol=1e-6)
-  # The Keras object is not tracked (only its tf.Variables are): saved keys are the
-  # list of torso variables and the heads.
-  keys = [k for k, _ in tf.train.list_variables(path) if k.startswith('network/')]
-  assert sum('/torso/torso_variables/' in k for k in keys) == 2, keys
-
-
-@pytest.mark.parametrize('spec,message', [
-    ('no_such_module_xyz:torso', "cannot import module 'no_such_module_xyz'"),
-    ('testdata.torsos:no_such_function', "has no function 'no_such_function'"),
-    ('testdata.torsos:NOT_A_FUNCTION', 'is not callable (type int)'),
-    ('testdata.torsos:returns_int', 'returned int, not a torso'),
-    ('testdata.torsos:wrong_rank', 'to shape [2, 4, 1] (rank 3)'),
-    ('testdata.torsos:shared', 'FUNCTION must build a new torso at each call'),
-    ('testdata.torsos:raises', 'raised ValueError: cannot build this torso second '
-     'line'),
-])
-def test_bad_user_torsos_raise_one_line_naming_network(spec, message):
-  cfg = config_lib.Config(network=spec)
-  with pytest.raises(config_lib.ConfigError) as e:
-    networks.make_network(cfg, *_CARTPOLE_SPACES)
-    networks.make_network(cfg, *_CARTPOLE_SPACES)  # `shared` fails the 2nd time.
-  assert e.value.field == 'network'
-  assert str(e.value).startswith(f'network={spec}: ')
-  assert message in str(e.value) and '\n' not in str(e.value)
-
-
-def test_resolve_torso_fn_imports_only():
-  fn = networks.resolve_torso_fn('testdata.torsos:keras_mlp')
-  assert (fn.__module__, fn.__name__) == ('testdata.torsos', 'keras_mlp')
-  with pytest.raises(config_lib.ConfigError, match='network=nope:x'):
-    networks.resolve_torso_fn('nope:x')
-
-
 # --- PopArt and the separate value torso --------------------------------------
 
 
@@ -551,33 +418,6 @@ def test_popart_baseline_is_in_return_units_and_preserve_keeps_it(tmp_path):
                              rtol=1e-5, atol=1e-4)
 
 
-def test_popart_sigma_is_clipped_and_floored():
-  popart = networks.PopArt(5, sigma_floor=0.25)
-  mu = tf.constant([2.0, 0.0, 0.0, -40.0, 1e5], tf.float64)
-  nu = tf.constant([4.0, 1e20, 1.0, 1600.0 + 9.0, 1e10 + 25.0], tf.float64)
-  peak = tf.constant([8.0, 0.0, 0.0, 40.0, 0.0], tf.float64)
-  np.testing.assert_allclose(
-      popart.sigma_of(mu, nu, peak).numpy(),
-      # No spread: 0.25 * the peak 8; huge: SIGMA_MAX; 1; floor 10 > 3; float64
-      # keeps the spread 5 of targets near 1e5 (no peak above it).
-      [2.0, networks.PopArt.SIGMA_MAX, 1.0, 10.0, 5.0], rtol=1e-6)
-  # The floor follows the peak, not mu: the same spread and peak at any shift.
-  for shift in (0.0, -500.0, 1e4):
-    shifted = popart.sigma_of(mu + shift, nu + 2 * shift * mu + shift**2, peak)
-    np.testing.assert_allclose(shifted.numpy()[[0, 2, 3]], [2.0, 1.0, 10.0],
-                               rtol=1e-6)
-  # Without a peak argument it reads the variable.
-  popart.peak.assign([8.0, 0.0, 0.0, 40.0, 0.0])
-  np.testing.assert_allclose(popart.sigma_of(mu, nu).numpy()[[0, 3]], [2.0, 10.0],
-                             rtol=1e-6)
-  assert networks.PopArt(1).sigma_of(
-      tf.constant([1e5], tf.float64),
-      tf.constant([1e10 + 25.0], tf.float64)).numpy()[0] == pytest.approx(5.0)
-  zero = networks.PopArt(1).sigma_of(tf.constant([3.0], tf.float64),
-                                     tf.constant([9.0], tf.float64))
-  assert zero.numpy()[0] == networks.PopArt.SIGMA_MIN
-
-
 def test_separate_value_torso():
   shared = _net('mlp', False)
   net = _net('mlp', False, shared_torso=False)
@@ -600,7 +440,7 @@ def test_separate_value_torso():
     assert (g is None) == (v.ref() in value_torso or v is net.baseline_head.w or
                            v is net.baseline_head.b), v.name
   # The actors' numpy policy ignores the value torso.
-  policy_np = networks.NumpyMLPPolicy(net)
+  policy_np = numpy_policy.NumpyMLPPolicy(net)
   policy_np.set_weights([v.numpy() for v in net.variables])
   step, _ = net.step(_slice(inputs, 0))
   np.testing.assert_allclose(policy_np(_slice(inputs, 0).observation),
@@ -624,3 +464,14 @@ def test_saved_policy_baseline_is_in_return_units(tmp_path):
   np.testing.assert_allclose(got['baseline'].numpy(), want.baseline.numpy(),
                              rtol=1e-5)
   assert np.abs(want.baseline.numpy() - 40.0).max() < 40  # Near mu, not near 0.
+
+
+def test_documented_parts_are_importable_from_networks():
+  assert (networks.Linear, networks.Conv2D, networks.LSTMCell) == (
+      layers.Linear, layers.Conv2D, layers.LSTMCell)
+  assert (networks.MLP, networks.ShallowTorso, networks.DeepTorso) == (
+      torsos.MLP, torsos.ShallowTorso, torsos.DeepTorso)
+  assert (networks.UserTorso, networks.resolve_torso_fn) == (
+      user_torso.UserTorso, user_torso.resolve_torso_fn)
+  assert networks.PopArt is popart_lib.PopArt
+  assert networks.NumpyMLPPolicy is numpy_policy.NumpyMLPPolicy

@@ -1,0 +1,65 @@
+"""The policy of a feed-forward MLP network computed with numpy, for CPU actors.
+
+Observations `[B, *observation_shape]` in the env's dtype (uint8 is scaled by
+1/255 as the network does) map to float32 logits `[B, A]`; see
+`impala_tf/types.py`.
+"""
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+class NumpyMLPPolicy:
+  """The policy logits of a feed-forward MLP AgentNetwork, computed with numpy.
+
+  Actors on the CPU act with tiny batches, where a TensorFlow call costs far more
+  than the arithmetic and competes with the learner for TensorFlow's thread pools.
+  For an MLP torso without a recurrent core this computes exactly what
+  `AgentNetwork.step(...).policy_logits` computes (same layers, ReLU, float32), from
+  the weights the learner publishes (numpy arrays in `network.variables` order).
+  Tests check it against the TensorFlow network.
+
+  Args:
+    network: an AgentNetwork with `torso_name == 'mlp'` and `use_lstm == False`.
+
+  Raises:
+    ValueError: for other networks (use `supports(network)` to check first).
+  """
+
+  def __init__(self, network: 'AgentNetwork'):
+    if not self.supports(network):
+      raise ValueError('NumpyMLPPolicy needs an MLP network without an LSTM core, '
+                       f'got torso={network.torso_name} use_lstm={network.use_lstm}')
+    index = {v.ref(): i for i, v in enumerate(network.variables)}
+    self._layer_index = [(index[l.w.ref()], index[l.b.ref()])
+                         for l in network.torso.layers]
+    self._head_index = (index[network.policy_head.w.ref()],
+                        index[network.policy_head.b.ref()])
+    self._input_size = network.torso.input_size
+    self._scale = 1.0 / 255.0 if network.observation_dtype == tf.uint8 else None
+    self._layers = None
+    self._head = None
+
+  @staticmethod
+  def supports(network: 'AgentNetwork') -> bool:
+    return network.torso_name == 'mlp' and not network.use_lstm
+
+  def set_weights(self, weights: Sequence[np.ndarray]):
+    """weights: numpy arrays in `network.variables` order (as the learner sends)."""
+    self._layers = [(np.asarray(weights[w], np.float32),
+                     np.asarray(weights[b], np.float32))
+                    for w, b in self._layer_index]
+    w, b = self._head_index
+    self._head = (np.asarray(weights[w], np.float32), np.asarray(weights[b], np.float32))
+
+  def __call__(self, observation: np.ndarray) -> np.ndarray:
+    """observation `[B, *obs_shape]` (env dtype) -> logits float32 `[B, A]`."""
+    x = np.asarray(observation, np.float32).reshape(len(observation), self._input_size)
+    if self._scale is not None:
+      x = x * np.float32(self._scale)
+    for w, b in self._layers:
+      x = np.maximum(x @ w + b, 0.0)
+    w, b = self._head
+    return x @ w + b

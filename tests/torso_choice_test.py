@@ -1,0 +1,31 @@
+"""Tests for impala_tf.torso_choice: which torso a `network` value builds."""
+
+import subprocess
+import sys
+
+import pytest
+
+from impala_tf import torso_choice
+
+
+@pytest.mark.parametrize('network,shape,want', [
+    ('auto', (4,), 'mlp'),
+    ('auto', (84, 84), 'deep'),
+    ('auto', (84, 84, 4), 'deep'),
+    ('mlp', (84, 84, 4), 'mlp'),
+    ('shallow', (84, 84, 4), 'shallow'),
+    ('deep', (4,), 'deep'),  # Whether it fits is make_network's check.
+    ('testdata.torsos:keras_mlp', (4,), 'testdata.torsos:keras_mlp'),
+])
+def test_resolve_torso(network, shape, want):
+  assert torso_choice.resolve_torso(network, shape) == want
+
+
+def test_builtin_torsos():
+  assert torso_choice.TORSOS == ('mlp', 'shallow', 'deep')
+
+
+def test_imports_no_tensorflow():
+  code = ('import sys\nfrom impala_tf import torso_choice\n'
+          'assert "tensorflow" not in sys.modules\n')
+  subprocess.run([sys.executable, '-c', code], check=True, timeout=60)

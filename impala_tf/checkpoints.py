@@ -28,9 +28,9 @@ error (permissions, I/O, memory) is not taken for damage: it stops with one line
 (`CheckpointReadError`), touching nothing. `restore_network` (so `evaluate` and
 `export`) skips a damaged newest checkpoint the same way, moving nothing.
 
-The SavedModel of the policy (`save_policy`) is written by `impala_tf.saved_policy`,
+The SavedModel of the policy is written by `impala_tf.saved_policy.save_policy`,
 and the run directory's other parts (logdir checks and lock, config.json, resume
-checks) are `impala_tf.rundir`'s; their names are also importable from here.
+checks) are `impala_tf.rundir`'s.
 """
 
 import glob
@@ -46,22 +46,6 @@ from impala_tf import environments
 from impala_tf import errors
 from impala_tf import networks
 from impala_tf import rundir
-from impala_tf import saved_policy
-
-# Names that live in `impala_tf.rundir` (the run directory's role), kept here for
-# the code that imports them from this module.
-CHECKPOINT_SUBDIR = rundir.CHECKPOINT_SUBDIR
-CONFIG_FILE = rundir.CONFIG_FILE
-SAVED_POLICY_SUBDIR = rundir.SAVED_POLICY_SUBDIR
-RunDirError = rundir.RunDirError
-CheckpointMismatchError = rundir.CheckpointMismatchError
-CheckpointUnreadableError = rundir.CheckpointUnreadableError
-check_logdir = rundir.check_logdir
-check_resume = rundir.check_resume
-resume_differences = rundir.resume_differences
-load_config = rundir.load_config
-env_kwargs = environments.env_kwargs
-
 
 def _checkpoint_number(prefix: str) -> int:
   match = re.search(r'-(\d+)$', prefix)
@@ -81,7 +65,7 @@ class Checkpointer:
   """
 
   def __init__(self, logdir: str, keep: int, optional=(), **trackables):
-    self.directory = os.path.join(logdir, CHECKPOINT_SUBDIR)
+    self.directory = os.path.join(logdir, rundir.CHECKPOINT_SUBDIR)
     self._trackables = trackables
     self._optional = frozenset(optional)
     self.not_restored = []  # Optional trackables the last restore did not find.
@@ -119,9 +103,9 @@ class Checkpointer:
     damage: it stops the restore and touches nothing.
 
     Raises:
-      CheckpointMismatchError: a trackable has no value in the checkpoint, or one of
+      rundir.CheckpointMismatchError: a trackable has no value in the checkpoint, or one of
         another shape (e.g. the network flags changed between runs).
-      CheckpointUnreadableError: there are checkpoint files but none can be read.
+      rundir.CheckpointUnreadableError: there are checkpoint files but none can be read.
       CheckpointReadError: a checkpoint cannot be read for another reason than
         damage to its files.
     """
@@ -140,7 +124,7 @@ class Checkpointer:
         self._set_aside(skipped, restored)
       return restored
     if candidates:
-      raise CheckpointUnreadableError(
+      raise rundir.CheckpointUnreadableError(
           f'no checkpoint in {self.directory} can be read ({"; ".join(errors)}); '
           'nothing was changed: move the directory away (or use a new --logdir) to '
           'start over')
@@ -163,10 +147,10 @@ class Checkpointer:
       checkpoint.restore(path).assert_existing_objects_matched()
     except (AssertionError, ValueError) as e:
       detail = errors.one_line(e)
-      raise CheckpointMismatchError(
+      raise rundir.CheckpointMismatchError(
           f'cannot resume from {path}: it does not match this run\'s network or '
           f'optimizer ({detail}); rerun with the flags that wrote it (see '
-          f'{CONFIG_FILE} next to it) or use a new --logdir') from None
+          f'{rundir.CONFIG_FILE} next to it) or use a new --logdir') from None
     self._check_complete(path, listed)
     return path
 
@@ -182,10 +166,10 @@ class Checkpointer:
       saved = sum(1 for key, _ in listed
                   if key.startswith(name + '/') and key.endswith('VARIABLE_VALUE'))
       if saved != len(obj.variables):
-        raise CheckpointMismatchError(
+        raise rundir.CheckpointMismatchError(
             f'cannot resume from {path}: its {name} has {saved} variables, this '
             f'run\'s has {len(obj.variables)}; rerun with the flags that wrote it '
-            f'(see {CONFIG_FILE} next to it) or use a new --logdir')
+            f'(see {rundir.CONFIG_FILE} next to it) or use a new --logdir')
 
   def save(self, step: int) -> str:
     """Writes a checkpoint numbered `step`; returns its path."""
@@ -231,7 +215,7 @@ class _UnreadableError(Exception):
   """A checkpoint's files are missing (raised before TensorFlow reads them)."""
 
 
-class CheckpointReadError(RunDirError):
+class CheckpointReadError(rundir.RunDirError):
   """A checkpoint cannot be read for another reason than damage to its files
   (permissions, I/O, memory): nothing is skipped, nothing is changed."""
 
@@ -322,12 +306,12 @@ def _short(e: BaseException) -> str:
 
 def latest_checkpoint(logdir: str) -> Optional[str]:
   """Path prefix of the newest checkpoint under `logdir/checkpoints`, or None."""
-  return tf.train.latest_checkpoint(os.path.join(logdir, CHECKPOINT_SUBDIR))
+  return tf.train.latest_checkpoint(os.path.join(logdir, rundir.CHECKPOINT_SUBDIR))
 
 
 def build_network(config: config_lib.Config) -> networks.AgentNetwork:
   """A freshly initialised network of the shape a run of `config` trains."""
-  obs_space, action_space = environments.env_spaces(config.env, **env_kwargs(config))
+  obs_space, action_space = environments.env_spaces(config.env, **environments.env_kwargs(config))
   return networks.make_network(config, obs_space, action_space)
 
 
@@ -346,15 +330,15 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
     and counters in the checkpoint are ignored).
 
   Raises:
-    RunDirError: as `load_config`, or no checkpoint, or a checkpoint that does not
-      hold this network, or none that can be read (CheckpointUnreadableError).
+    rundir.RunDirError: as `load_config`, or no checkpoint, or a checkpoint that does not
+      hold this network, or none that can be read (rundir.CheckpointUnreadableError).
   """
-  config = load_config(logdir)
-  directory = os.path.join(logdir, CHECKPOINT_SUBDIR)
+  config = rundir.load_config(logdir)
+  directory = os.path.join(logdir, rundir.CHECKPOINT_SUBDIR)
   paths = [checkpoint] if checkpoint else checkpoint_candidates(directory)
   if not paths:
-    raise RunDirError(
-        f'--logdir={logdir}: has no checkpoint in {CHECKPOINT_SUBDIR}/ (a run writes '
+    raise rundir.RunDirError(
+        f'--logdir={logdir}: has no checkpoint in {rundir.CHECKPOINT_SUBDIR}/ (a run writes '
         'one every --checkpoint_interval_secs and when it stops)')
   network = build_network(config)
   errors = []
@@ -366,21 +350,16 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
       status.expect_partial()  # The optimizer and counters are not needed here.
       return config, network, path
     except (AssertionError, ValueError) as e:
-      raise RunDirError(f'{path}: cannot restore the network of {CONFIG_FILE} from '
+      raise rundir.RunDirError(f'{path}: cannot restore the network of {rundir.CONFIG_FILE} from '
                         f'it: {str(e).splitlines()[0] if str(e) else e!r}') from None
     except _READ_ERRORS as e:
       if checkpoint:
-        raise RunDirError(f'{path}: cannot be read ({_short(e)})') from None
+        raise rundir.RunDirError(f'{path}: cannot be read ({_short(e)})') from None
       _raise_unless_damaged(path, e)
       errors.append(_skip_unreadable(path, e))
-  raise CheckpointUnreadableError(
-      f'--logdir={logdir}: no checkpoint in {CHECKPOINT_SUBDIR}/ can be read '
+  raise rundir.CheckpointUnreadableError(
+      f'--logdir={logdir}: no checkpoint in {rundir.CHECKPOINT_SUBDIR}/ can be read '
       f'({"; ".join(errors)})')
-
-
-# The SavedModel of the policy lives in `impala_tf.saved_policy`; `save_policy` is
-# also importable from here.
-save_policy = saved_policy.save_policy
 
 
 class RunState(tf.Module):

@@ -67,6 +67,7 @@ from impala_tf import config as config_lib
 from impala_tf import environments
 from impala_tf import episodes
 from impala_tf import flags as flags_lib
+from impala_tf import rundir
 from impala_tf import types
 
 PROG = 'impala_tf.evaluate'
@@ -129,7 +130,7 @@ class _CheckpointPolicy:
 
 
 class _SavedModelPolicy:
-  """A SavedModel from `impala_tf.export.save_policy`, used through its signature."""
+  """A SavedModel from `impala_tf.saved_policy.save_policy`, used through its signature."""
 
   def __init__(self, path: str):
     self._model = tf.saved_model.load(path)
@@ -289,7 +290,7 @@ def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
     `video_frames`, `video_fps` and `recorded_episode`.
 
   Raises:
-    checkpoints.RunDirError: no config.json, checkpoint or SavedModel.
+    rundir.RunDirError: no config.json, checkpoint or SavedModel.
     impala_tf.config.ConfigError: the run's env cannot be made here.
     episodes.VideoError: the video cannot be written (checked before anything runs, but
       for an env that renders no frames).
@@ -303,12 +304,12 @@ def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
     config, network, path = checkpoints.restore_network(logdir)
     policy = _CheckpointPolicy(network)
   else:
-    config = checkpoints.load_config(logdir)
+    config = rundir.load_config(logdir)
     environments.check_env_id(config.env)
-    path = os.path.join(logdir, checkpoints.SAVED_POLICY_SUBDIR)
+    path = os.path.join(logdir, rundir.SAVED_POLICY_SUBDIR)
     if not os.path.isfile(os.path.join(path, 'saved_model.pb')):
-      raise checkpoints.RunDirError(
-          f'--logdir={logdir}: has no SavedModel in {checkpoints.SAVED_POLICY_SUBDIR}/ '
+      raise rundir.RunDirError(
+          f'--logdir={logdir}: has no SavedModel in {rundir.SAVED_POLICY_SUBDIR}/ '
           '(a run writes it when it ends; python -m impala_tf.export '
           f'--logdir={logdir} writes it from the latest checkpoint)')
     policy = _SavedModelPolicy(path)
@@ -350,10 +351,10 @@ def main(argv):
     r = evaluate(fv.logdir, fv.num_episodes, greedy=fv.greedy, source=fv.source,
                  seed=fv.seed, num_envs=fv.num_envs, env_backend=fv.env_backend,
                  video=fv.video)
-  except (checkpoints.RunDirError, episodes.VideoError) as e:
+  except (rundir.RunDirError, episodes.VideoError) as e:
     flags_lib.exit_with_error(str(e), PROG)
   except config_lib.ConfigError as e:
-    flags_lib.exit_with_error(f'{checkpoints.CONFIG_FILE} of --logdir: {e}', PROG)
+    flags_lib.exit_with_error(f'{rundir.CONFIG_FILE} of --logdir: {e}', PROG)
   actions = 'greedy' if r['greedy'] else 'sampled'
   print(f"{PROG}: {r['episodes']} episodes of {r['env']}, {actions} actions, "
         f"{r['source']} {r['path']}: return mean {_fmt(r['episode_return_mean'])} "

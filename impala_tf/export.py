@@ -1,7 +1,6 @@
 """SavedModel export of a policy; `python -m impala_tf.export --logdir=DIR`.
 
-`save_policy(network, path)` (implemented in `impala_tf.checkpoints`, re-exported
-here) writes a SavedModel whose `serving_default` signature maps a batch of
+`saved_policy.save_policy(network, path)` writes a SavedModel whose `serving_default` signature maps a batch of
 observations `[B, *obs_shape]` (the env's dtype) to `{'action': int32 [B] (sampled),
 'greedy_action': int32 [B], 'policy_logits': float32 [B, A], 'baseline': float32
 [B]}`. With a recurrent core it also takes `prev_action` int32 [B], `reward` float32
@@ -39,10 +38,11 @@ from absl import flags
 from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import flags as flags_lib
+from impala_tf import rundir
+from impala_tf import saved_policy
 
 PROG = 'impala_tf.export'
 
-save_policy = checkpoints.save_policy
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -70,11 +70,11 @@ def export_run(logdir: str, output: Optional[str] = None) -> Tuple[str, str]:
     (output path, checkpoint path).
 
   Raises:
-    checkpoints.RunDirError: no config.json or no checkpoint.
+    rundir.RunDirError: no config.json or no checkpoint.
   """
   _, network, path = checkpoints.restore_network(logdir)
-  output = output or os.path.join(logdir, checkpoints.SAVED_POLICY_SUBDIR)
-  save_policy(network, output)
+  output = output or os.path.join(logdir, rundir.SAVED_POLICY_SUBDIR)
+  saved_policy.save_policy(network, output)
   return output, path
 
 
@@ -86,10 +86,10 @@ def main(argv):
                               PROG)
   try:
     output, path = export_run(fv.logdir, fv.output)
-  except checkpoints.RunDirError as e:
+  except rundir.RunDirError as e:
     flags_lib.exit_with_error(str(e), PROG)
   except config_lib.ConfigError as e:  # E.g. its --network MODULE is not importable.
-    flags_lib.exit_with_error(f'{checkpoints.CONFIG_FILE} of --logdir: {e}', PROG)
+    flags_lib.exit_with_error(f'{rundir.CONFIG_FILE} of --logdir: {e}', PROG)
   print(f'{PROG}: wrote {output} from {path}', flush=True)
 
 

@@ -2,9 +2,8 @@
 alone (`tf.saved_model.load(path)`; no impala_tf import needed).
 
 `save_policy(network, path)` writes it; the serving signatures are described
-there. It lives in its own module, not in `impala_tf.export` (which re-exports
-it), so that the driver, which knows no flags, does not import the export command
-line; `impala_tf.checkpoints.save_policy` is the same function.
+there. It lives in its own module, not in `impala_tf.export`, so that the driver,
+which knows no flags, does not import the export command line.
 """
 
 import tensorflow as tf

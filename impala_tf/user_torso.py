@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from impala_tf import config as config_lib
+from impala_tf import errors
 
 
 def _user_network_error(spec: str, what: str) -> config_lib.ConfigError:
@@ -21,10 +22,9 @@ def _user_network_error(spec: str, what: str) -> config_lib.ConfigError:
   return config_lib.ConfigError('network', spec, ' '.join(str(what).split()))
 
 
-def _describe(e: Exception, limit: int = 300) -> str:
-  """`Type: message` of an exception, on one line, at most `limit` characters."""
-  text = ' '.join(f'{type(e).__name__}: {e}'.split())
-  return text if len(text) <= limit else text[:limit] + '...'
+def _describe(e: Exception) -> str:
+  """`Type: message` of an exception, on one line (`errors.one_line`)."""
+  return errors.one_line(f'{type(e).__name__}: {e}')
 
 
 def resolve_torso_fn(spec: str) -> Callable:

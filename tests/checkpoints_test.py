@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from impala_tf import checkpoints
 from impala_tf import config as config_lib
+from impala_tf import rundir
 from impala_tf import testing
 
 
@@ -62,11 +63,11 @@ def test_restore_latest_of_an_empty_dir_returns_none(tmp_path):
 def test_restore_of_a_mismatched_checkpoint_fails_loudly(tmp_path):
   checkpoints.Checkpointer(str(tmp_path), 1, **_state()).save(1)
   other = dict(weights=tf.Variable(np.zeros([4], np.float32)))
-  with pytest.raises(checkpoints.CheckpointMismatchError, match='cannot resume from'):
+  with pytest.raises(rundir.CheckpointMismatchError, match='cannot resume from'):
     checkpoints.Checkpointer(str(tmp_path), 1, **other).restore_latest()
   missing = dict(weights=tf.Variable(np.zeros([2, 3], np.float32)),
                  not_saved=tf.Variable(1.0))
-  with pytest.raises(checkpoints.CheckpointMismatchError, match='use a new --logdir'):
+  with pytest.raises(rundir.CheckpointMismatchError, match='use a new --logdir'):
     checkpoints.Checkpointer(str(tmp_path), 1, **missing).restore_latest()
 
 
@@ -87,7 +88,7 @@ def test_optional_trackables_may_be_missing(tmp_path):
   np.testing.assert_array_equal(new1.state.numpy(), fresh1)
   assert int(counter.numpy()) == 4
   # A missing trackable that is not optional is still an error.
-  with pytest.raises(checkpoints.CheckpointMismatchError):
+  with pytest.raises(rundir.CheckpointMismatchError):
     checkpoints.Checkpointer(str(tmp_path), 1, optional=['rng_1'], rng_0=new0,
                              rng_1=new1, counter=counter,
                              other=tf.Variable(1.0)).restore_latest()
@@ -193,7 +194,7 @@ def test_read_error_that_is_not_damage_stops_and_touches_nothing(
 
   monkeypatch.setattr(checkpoints, '_check_files', check_files)
   fresh = _state(9)
-  with pytest.raises(checkpoints.RunDirError) as e:  # Not an older checkpoint.
+  with pytest.raises(rundir.RunDirError) as e:  # Not an older checkpoint.
     checkpoints.Checkpointer(str(tmp_path), 3, **fresh).restore_latest()
   assert type(e.value).__name__ == 'CheckpointReadError'
   message = str(e.value)
@@ -215,7 +216,7 @@ def test_restore_network_does_not_fall_back_on_other_read_errors(
   real = checkpoints._check_files  # pylint: disable=protected-access
   monkeypatch.setattr(checkpoints, '_check_files', lambda p: (
       (_ for _ in ()).throw(error) if p == paths[-1] else real(p)))
-  with pytest.raises(checkpoints.RunDirError,
+  with pytest.raises(rundir.RunDirError,
                      match=f'^checkpoint {paths[-1]} cannot be read'):
     checkpoints.restore_network(str(tmp_path))
 
@@ -229,7 +230,7 @@ def test_no_readable_checkpoint_is_an_error_that_touches_nothing(tmp_path):
   os.remove(paths[0] + '.index')
   directory = tmp_path / 'checkpoints'
   before = _snapshot(directory)
-  with pytest.raises(checkpoints.CheckpointUnreadableError) as e:
+  with pytest.raises(rundir.CheckpointUnreadableError) as e:
     checkpoints.Checkpointer(str(tmp_path), 3, **_state(9)).restore_latest()
   message = str(e.value)
   assert '\n' not in message
@@ -245,14 +246,14 @@ def test_checkpoint_with_more_module_variables_is_a_mismatch(tmp_path):
   small = tf.Module()
   small.w = [tf.Variable(np.ones(3, np.float32))]
   # Every variable of `small` is in the checkpoint, but it holds one more.
-  with pytest.raises(checkpoints.CheckpointMismatchError,
+  with pytest.raises(rundir.CheckpointMismatchError,
                      match='its net has 2 variables, this run.s has 1'):
     checkpoints.Checkpointer(str(tmp_path), 1, net=small).restore_latest()
 
 
 def _spaces(cfg):
   from impala_tf import environments  # pylint: disable=g-import-not-at-top
-  return environments.env_spaces(cfg.env, **checkpoints.env_kwargs(cfg))
+  return environments.env_spaces(cfg.env, **environments.env_kwargs(cfg))
 
 
 @pytest.mark.parametrize('change,expected', [
@@ -280,35 +281,35 @@ def test_resume_differences(change, expected):
   saved_env = change.pop('saved_env', testing.CHAIN_ID)
   saved = testing.tiny_config(env=saved_env).to_dict()
   cfg = testing.tiny_config(**change)
-  assert checkpoints.resume_differences(saved, cfg, *_spaces(cfg)) == expected
+  assert rundir.resume_differences(saved, cfg, *_spaces(cfg)) == expected
 
 
 def test_check_resume_names_flags_and_values(tmp_path):
   saved = testing.tiny_config(logdir=str(tmp_path))
   cfg = saved.replace(mlp_hidden_sizes=(16, 16), optimizer='rmsprop')
-  checkpoints.check_resume(cfg, *_spaces(cfg))  # No checkpoint: nothing to check.
+  rundir.check_resume(cfg, *_spaces(cfg))  # No checkpoint: nothing to check.
   (tmp_path / 'config.json').write_text(saved.to_json())
   checkpoints.Checkpointer(str(tmp_path), 1, **_state()).save(1)
-  with pytest.raises(checkpoints.CheckpointMismatchError) as e:
-    checkpoints.check_resume(cfg, *_spaces(cfg))
+  with pytest.raises(rundir.CheckpointMismatchError) as e:
+    rundir.check_resume(cfg, *_spaces(cfg))
   assert str(e.value) == (
       f'cannot resume from the checkpoints in {tmp_path / "checkpoints"}: they were '
       'written with other env, network or optimizer flags (--optimizer=adam there, '
       'rmsprop now; --mlp_hidden_sizes=16 there, 16,16 now); rerun with the flags '
       f'in {tmp_path / "config.json"} or use a new --logdir')
-  checkpoints.check_resume(saved.replace(learning_rate=0.1), *_spaces(cfg))
+  rundir.check_resume(saved.replace(learning_rate=0.1), *_spaces(cfg))
 
 
 def test_check_logdir(tmp_path):
-  checkpoints.check_logdir(str(tmp_path / 'new' / 'run'))  # Can be created.
+  rundir.check_logdir(str(tmp_path / 'new' / 'run'))  # Can be created.
   assert not (tmp_path / 'new').exists()
   assert os.listdir(tmp_path) == []  # The probe file is gone.
   (tmp_path / 'file').write_text('x')
   with pytest.raises(config_lib.ConfigError,
                      match=r'^logdir=.*/file: is a file, not a directory'):
-    checkpoints.check_logdir(str(tmp_path / 'file'))
+    rundir.check_logdir(str(tmp_path / 'file'))
   with pytest.raises(config_lib.ConfigError, match=r'/file is a file, not a dir'):
-    checkpoints.check_logdir(str(tmp_path / 'file' / 'run'))
+    rundir.check_logdir(str(tmp_path / 'file' / 'run'))
 
 
 def test_check_logdir_read_only(tmp_path):
@@ -324,27 +325,27 @@ def test_check_logdir_read_only(tmp_path):
       pass
     with pytest.raises(config_lib.ConfigError, match=r'^logdir=.*/ro: cannot be '
                        'written .*Permission denied'):
-      checkpoints.check_logdir(str(ro))
+      rundir.check_logdir(str(ro))
     with pytest.raises(config_lib.ConfigError, match='cannot be written'):
-      checkpoints.check_logdir(str(ro / 'run'))
+      rundir.check_logdir(str(ro / 'run'))
   finally:
     os.chmod(ro, 0o700)
 
 
 def test_load_config_errors_name_the_problem(tmp_path):
-  with pytest.raises(checkpoints.RunDirError, match='no such directory'):
-    checkpoints.load_config(str(tmp_path / 'missing'))
-  with pytest.raises(checkpoints.RunDirError, match='has no config.json'):
-    checkpoints.load_config(str(tmp_path))
+  with pytest.raises(rundir.RunDirError, match='no such directory'):
+    rundir.load_config(str(tmp_path / 'missing'))
+  with pytest.raises(rundir.RunDirError, match='has no config.json'):
+    rundir.load_config(str(tmp_path))
   (tmp_path / 'config.json').write_text('{"batch_size": 0}')
-  with pytest.raises(checkpoints.RunDirError, match='batch_size=0'):
-    checkpoints.load_config(str(tmp_path))
+  with pytest.raises(rundir.RunDirError, match='batch_size=0'):
+    rundir.load_config(str(tmp_path))
 
 
 def test_restore_network_round_trip(tmp_path):
   cfg = testing.tiny_config(logdir=str(tmp_path), use_lstm=True)
   (tmp_path / 'config.json').write_text(cfg.to_json())
-  with pytest.raises(checkpoints.RunDirError, match='has no checkpoint'):
+  with pytest.raises(rundir.RunDirError, match='has no checkpoint'):
     checkpoints.restore_network(str(tmp_path))
   net = checkpoints.build_network(cfg)
   for v in net.variables:
@@ -389,7 +390,7 @@ def test_restore_network_skips_an_unreadable_latest_checkpoint(
   assert lines[0].startswith(
       f'impala_tf: warning: checkpoint {paths[-1]} cannot be read (')
   # A checkpoint asked for by name is not replaced by another.
-  with pytest.raises(checkpoints.RunDirError) as e:
+  with pytest.raises(rundir.RunDirError) as e:
     checkpoints.restore_network(str(tmp_path), paths[-1])
   assert str(e.value).startswith(f'{paths[-1]}: cannot be read (')
 
@@ -398,7 +399,7 @@ def test_restore_network_with_no_readable_checkpoint_says_so(tmp_path):
   _, paths = _network_checkpoints(tmp_path, steps=(1, 2))
   for p in paths:
     _damage(p, 'truncated_data')
-  with pytest.raises(checkpoints.CheckpointUnreadableError) as e:
+  with pytest.raises(rundir.CheckpointUnreadableError) as e:
     checkpoints.restore_network(str(tmp_path))
   message = str(e.value)
   assert '\n' not in message

@@ -23,6 +23,7 @@ from impala_tf import driver
 from impala_tf import envpool_env
 from impala_tf import episodes
 from impala_tf import evaluate
+from impala_tf import rundir
 from impala_tf import testing
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -154,12 +155,12 @@ def test_cli_errors_are_one_line_exit_2(cli, case, message):
 
 
 def test_library_errors_say_what_is_missing(run, tmp_path):
-  with pytest.raises(checkpoints.RunDirError, match='no such directory'):
+  with pytest.raises(rundir.RunDirError, match='no such directory'):
     evaluate.evaluate(str(tmp_path / 'missing'))
   shutil.copy(os.path.join(run, 'config.json'), tmp_path)
-  with pytest.raises(checkpoints.RunDirError, match='has no checkpoint'):
+  with pytest.raises(rundir.RunDirError, match='has no checkpoint'):
     evaluate.evaluate(str(tmp_path))
-  with pytest.raises(checkpoints.RunDirError, match='has no SavedModel'):
+  with pytest.raises(rundir.RunDirError, match='has no SavedModel'):
     evaluate.evaluate(str(tmp_path), source='saved_model')
 
 
@@ -195,7 +196,7 @@ def test_library_evaluate_sources_agree(run, monkeypatch):
     assert r['episode_returns'] == [8.0] * 4
   np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
   # The comparison can fail: an untrained network of the run's shape differs.
-  fresh = checkpoints.build_network(checkpoints.load_config(run))
+  fresh = checkpoints.build_network(rundir.load_config(run))
   untrained = _fixed_logits(evaluate._CheckpointPolicy(fresh))  # pylint: disable=protected-access
   assert np.abs(untrained - logits[0]).max() > 1e-4
   with pytest.raises(ValueError, match='source=x'):

@@ -20,6 +20,7 @@ import pytest
 from impala_tf import checkpoints
 from impala_tf import driver
 from impala_tf import export
+from impala_tf import rundir
 from impala_tf import testing
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -202,10 +203,10 @@ def test_export_cli_errors_are_one_line_exit_2(exported, case, message):
 
 
 def test_export_run_errors_say_what_is_missing(runs, tmp_path):
-  with pytest.raises(checkpoints.RunDirError, match='has no config.json'):
+  with pytest.raises(rundir.RunDirError, match='has no config.json'):
     export.export_run(str(tmp_path))
   shutil.copy(os.path.join(runs['mlp'], 'config.json'), tmp_path)
-  with pytest.raises(checkpoints.RunDirError, match='has no checkpoint'):
+  with pytest.raises(rundir.RunDirError, match='has no checkpoint'):
     export.export_run(str(tmp_path))
   assert not (tmp_path / 'saved_policy').exists()
 

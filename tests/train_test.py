@@ -26,6 +26,7 @@ import pytest
 from flags_test import BAD_INPUTS
 from impala_tf import distribute
 from impala_tf import flags as flags_lib
+from impala_tf import rundir
 from impala_tf import testing
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -273,7 +274,7 @@ def _assert_learner_restores_optimizer_slots(logdir, ckpt, reader):
   from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
   from impala_tf import distribute  # pylint: disable=g-import-not-at-top
   from impala_tf import learner as learner_lib  # pylint: disable=g-import-not-at-top
-  config = checkpoints.load_config(logdir)
+  config = rundir.load_config(logdir)
   strategy = distribute.get_strategy(0, 0)
   learner = learner_lib.Learner(config, lambda: checkpoints.build_network(config),
                                 strategy)

@@ -43,11 +43,12 @@ def build_graph():
                    [T + 1, B, A + 1])
   logits, values = out[..., :A], out[..., A]
   discounts = tf.fill([T, B], 0.9)
-  loss, diagnostics = losses.compute_loss(
+  trajectory = losses.Trajectory(
       target_logits=logits[:-1], values=values[:-1], bootstrap_value=values[-1],
       actions=ph['actions'], behaviour_logits=ph['behaviour_logits'],
-      rewards=ph['rewards'], discounts=discounts, mask=tf.ones([T, B], tf.bool),
-      baseline_cost=0.5, entropy_cost=0.001)
+      rewards=ph['rewards'], discounts=discounts, mask=tf.ones([T, B], tf.bool))
+  loss, diagnostics = losses.compute_loss(
+      trajectory, losses.LossOptions(baseline_cost=0.5, entropy_cost=0.001))
   # V-trace on its own, e.g. to log the targets (the loss above computes the same).
   targets = vtrace.from_logits(
       behaviour_policy_logits=ph['behaviour_logits'],

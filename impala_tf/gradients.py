@@ -116,7 +116,7 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
     out, _ = network.unroll(
         types.AgentInput(obs, prev_action, reward, first), state)
     values = out.baseline
-    loss_args = dict(
+    trajectory = losses.Trajectory(
         target_logits=out.policy_logits[:-1],
         values=values[:-1],
         bootstrap_value=values[-1],
@@ -124,12 +124,13 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
         behaviour_logits=behaviour_logits[:-1],
         rewards=clip_rewards(reward[1:] * c.reward_scale, c.reward_clipping),
         discounts=discounts,
-        mask=mask,
+        mask=mask)
+    target_options = losses.TargetOptions(
         clip_rho_threshold=c.clip_rho_threshold,
         clip_pg_rho_threshold=c.clip_pg_rho_threshold,
         lambda_=c.vtrace_lambda,
         use_vtrace=c.vtrace)
-    targets = losses.compute_targets(**loss_args)
+    targets = losses.compute_targets(trajectory, target_options)
     scale = 1.0
     if popart is not None:
       new_stats = popart_lib.batch_statistics(reduce, popart, targets.vs, mask,
@@ -143,10 +144,11 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
       policy_advantages = losses.normalize_advantages(
           targets.pg_advantages, mask, moments)
     loss, diags = losses.compute_loss(
-        baseline_cost=c.baseline_cost, entropy_cost=entropy_cost,
-        value_scale=scale, normalizer=normalizer, targets=targets,
-        policy_advantages=policy_advantages, ppo_clip=c.ppo_clip,
-        **loss_args)
+        trajectory,
+        losses.LossOptions(baseline_cost=c.baseline_cost,
+                           entropy_cost=entropy_cost, value_scale=scale,
+                           normalizer=normalizer, ppo_clip=c.ppo_clip),
+        target_options, targets=targets, policy_advantages=policy_advantages)
     terms = (diags['policy_loss'], c.baseline_cost * diags['baseline_loss'],
              tf.cast(entropy_cost, tf.float32) * diags['entropy_loss'])
   # PopArt: the loss above is that of the rescaled head (new statistics), but

@@ -35,13 +35,17 @@ step no longer depends on the reward scale). `A_t` and `vs_t` are targets: no
 gradient flows through them. With the paper's `baseline_cost = 0.5` the effective
 baseline weight is 0.25, as in scalable_agent.
 
-`compute_targets` gives the V-trace targets alone (the learner needs them first
-with PopArt, to move the statistics before the loss); `compute_loss` computes them
-unless given.
+Inputs and outputs are structures: a `Trajectory` (the batch as the loss reads
+it), `TargetOptions` (the V-trace settings) and `LossOptions` (the weights and
+scales); `compute_loss` returns a `LossOutput` (the loss and its diagnostics, which
+unpacks as `loss, diagnostics`). `compute_targets` gives the V-trace targets alone
+(the learner needs them first with PopArt, to move the statistics before the loss);
+`compute_loss` computes them unless given. `vtrace.from_importance_weights` keeps
+scalable_agent's API for code that wants the op alone.
 """
 
 import collections
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -73,6 +77,82 @@ DIAGNOSTIC_KEYS = (
 # return units; 0 and V(x_t) on masked steps), `log_ratio` log pi(a_t) - log mu(a_t).
 VTraceTargets = collections.namedtuple('VTraceTargets',
                                        ['vs', 'pg_advantages', 'log_ratio'])
+
+
+class Trajectory(NamedTuple):
+  """A batch as the loss reads it: the `T` steps that carry a loss, time-major.
+
+  Attributes:
+    target_logits: float32 `[T, B, A]`, the learner policy's logits (differentiated).
+    values: float32 `[T, B]`, the learner baseline V(x_t) in return units
+      (differentiated).
+    bootstrap_value: float32 `[B]`, V(x_T), the value after the last step.
+    actions: int32/int64 `[T, B]`, the actions taken by the actors.
+    behaviour_logits: float32 `[T, B, A]`, the actors' logits (no gradient).
+    rewards: float32 `[T, B]`, the (clipped) reward for action t, r_t.
+    discounts: float32 `[T, B]`, gamma_t = discounting * (1 - terminated_{t+1}).
+    mask: bool `[T, B]`, False where step t is not a real transition.
+  """
+  target_logits: tf.Tensor
+  values: tf.Tensor
+  bootstrap_value: tf.Tensor
+  actions: tf.Tensor
+  behaviour_logits: tf.Tensor
+  rewards: tf.Tensor
+  discounts: tf.Tensor
+  mask: tf.Tensor
+
+
+class TargetOptions(NamedTuple):
+  """How the V-trace targets are computed.
+
+  Attributes:
+    clip_rho_threshold: float or None (no clipping), V-trace rho-bar.
+    clip_pg_rho_threshold: float or None (no clipping), rho-bar for the advantages.
+    lambda_: float in [0, 1], V-trace lambda (1 in the paper).
+    use_vtrace: bool. False: no off-policy correction, rho = 1 on every valid step
+      (no clipping applies), i.e. n-step returns; masked steps still have rho = 0.
+  """
+  clip_rho_threshold: Optional[float] = 1.0
+  clip_pg_rho_threshold: Optional[float] = 1.0
+  lambda_: float = 1.0
+  use_vtrace: bool = True
+
+
+class LossOptions(NamedTuple):
+  """The weights and scales of the loss terms.
+
+  Attributes:
+    baseline_cost: float or float32 `[]` tensor, the baseline term's weight.
+    entropy_cost: float or float32 `[]` tensor (it may be scheduled), the weight of
+      the negative-entropy term.
+    value_scale: float or float32 `[]` > 0, `s` of the module docstring: the value
+      errors and the advantages are divided by it (PopArt's sigma; 1 without).
+    normalizer: float or float32 `[]` > 0; every term is divided by it (1: sums).
+    ppo_clip: float >= 0. 0: the policy term is IMPALA's `-log pi(a_t) * A_t`;
+      > 0: the clipped surrogate of `clipped_surrogate_loss` with this epsilon,
+      over the same advantages.
+  """
+  baseline_cost: Scalar = 0.5
+  entropy_cost: Scalar = 0.01
+  value_scale: Scalar = 1.0
+  normalizer: Scalar = 1.0
+  ppo_clip: float = 0.0
+
+
+class LossOutput(NamedTuple):
+  """What `compute_loss` returns (unpacks as `loss, diagnostics`).
+
+  Attributes:
+    loss: float32 `[]`, the total described in the module docstring.
+    diagnostics: dict with the keys of `DIAGNOSTIC_KEYS`, each a float32 `[]` sum
+      or count over the valid steps. `policy_loss`, `baseline_loss` and
+      `entropy_loss` are the terms as optimised (divided by `value_scale` and
+      `normalizer`, before the costs; differentiable); `advantage_*` are in return
+      units.
+  """
+  loss: tf.Tensor
+  diagnostics: Dict[str, tf.Tensor]
 
 
 def _check_rank(name: str, x: tf.Tensor, rank: int):
@@ -177,19 +257,13 @@ def entropy_loss(logits) -> tf.Tensor:
   return tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1)
 
 
-def compute_targets(target_logits,
-                    values,
-                    bootstrap_value,
-                    actions,
-                    behaviour_logits,
-                    rewards,
-                    discounts,
-                    mask,
-                    clip_rho_threshold: Optional[float] = 1.0,
-                    clip_pg_rho_threshold: Optional[float] = 1.0,
-                    lambda_: float = 1.0,
-                    use_vtrace: bool = True) -> VTraceTargets:
-  """The V-trace targets of a batch (arguments as `compute_loss`).
+def compute_targets(trajectory: Trajectory,
+                    options: TargetOptions = TargetOptions()) -> VTraceTargets:
+  """The V-trace targets of a batch.
+
+  Args:
+    trajectory: the batch (see `Trajectory`).
+    options: the V-trace settings.
 
   Returns:
     VTraceTargets, each float32 `[T, B]`, stop-gradient.
@@ -197,29 +271,20 @@ def compute_targets(target_logits,
   Raises:
     ValueError: on inputs of the wrong rank.
   """
-  target_logits = tf.convert_to_tensor(target_logits, tf.float32)
-  behaviour_logits = tf.convert_to_tensor(behaviour_logits, tf.float32)
-  values = tf.convert_to_tensor(values, tf.float32)
-  bootstrap_value = tf.convert_to_tensor(bootstrap_value, tf.float32)
-  actions = tf.convert_to_tensor(actions)
-  rewards = tf.convert_to_tensor(rewards, tf.float32)
-  discounts = tf.convert_to_tensor(discounts, tf.float32)
-  mask = tf.convert_to_tensor(mask, tf.bool)
-  for name, x, rank in (('target_logits', target_logits, 3),
-                        ('behaviour_logits', behaviour_logits, 3),
-                        ('values', values, 2), ('bootstrap_value', bootstrap_value, 1),
-                        ('actions', actions, 2), ('rewards', rewards, 2),
-                        ('discounts', discounts, 2), ('mask', mask, 2)):
-    _check_rank(name, x, rank)
-
+  t = _checked(trajectory)
+  target_logits, values, bootstrap_value, actions = (
+      t.target_logits, t.values, t.bootstrap_value, t.actions)
+  behaviour_logits, rewards, discounts, mask = (
+      t.behaviour_logits, t.rewards, t.discounts, t.mask)
   target_log_pi = vtrace.log_probs_from_logits_and_actions(target_logits, actions)
   behaviour_log_pi = vtrace.log_probs_from_logits_and_actions(
       behaviour_logits, actions)
   log_ratio = tf.stop_gradient(target_log_pi - behaviour_log_pi)
   neg_inf = tf.fill(tf.shape(log_ratio), tf.constant(-float('inf'), tf.float32))
-  if use_vtrace:
+  if options.use_vtrace:
     log_rhos = tf.where(mask, log_ratio, neg_inf)
-    rho_clip, pg_rho_clip = clip_rho_threshold, clip_pg_rho_threshold
+    rho_clip, pg_rho_clip = (options.clip_rho_threshold,
+                             options.clip_pg_rho_threshold)
   else:
     log_rhos = tf.where(mask, tf.zeros_like(log_ratio), neg_inf)
     rho_clip, pg_rho_clip = None, None
@@ -228,88 +293,67 @@ def compute_targets(target_logits,
       values=tf.stop_gradient(values),
       bootstrap_value=tf.stop_gradient(bootstrap_value),
       clip_rho_threshold=rho_clip, clip_pg_rho_threshold=pg_rho_clip,
-      lambda_=lambda_)
+      lambda_=options.lambda_)
   return VTraceTargets(vs=tf.stop_gradient(returns.vs),
                        pg_advantages=tf.stop_gradient(returns.pg_advantages),
                        log_ratio=log_ratio)
 
 
-def compute_loss(target_logits,
-                 values,
-                 bootstrap_value,
-                 actions,
-                 behaviour_logits,
-                 rewards,
-                 discounts,
-                 mask,
-                 baseline_cost: Scalar,
-                 entropy_cost: Scalar,
-                 clip_rho_threshold: Optional[float] = 1.0,
-                 clip_pg_rho_threshold: Optional[float] = 1.0,
-                 lambda_: float = 1.0,
-                 use_vtrace: bool = True,
-                 value_scale: Scalar = 1.0,
-                 normalizer: Scalar = 1.0,
+def _checked(trajectory: Trajectory) -> Trajectory:
+  """The trajectory as tensors of its dtypes; ValueError on a wrong rank."""
+  t = Trajectory(
+      target_logits=tf.convert_to_tensor(trajectory.target_logits, tf.float32),
+      values=tf.convert_to_tensor(trajectory.values, tf.float32),
+      bootstrap_value=tf.convert_to_tensor(trajectory.bootstrap_value, tf.float32),
+      actions=tf.convert_to_tensor(trajectory.actions),
+      behaviour_logits=tf.convert_to_tensor(trajectory.behaviour_logits,
+                                            tf.float32),
+      rewards=tf.convert_to_tensor(trajectory.rewards, tf.float32),
+      discounts=tf.convert_to_tensor(trajectory.discounts, tf.float32),
+      mask=tf.convert_to_tensor(trajectory.mask, tf.bool))
+  for name, rank in (('target_logits', 3), ('behaviour_logits', 3), ('values', 2),
+                     ('bootstrap_value', 1), ('actions', 2), ('rewards', 2),
+                     ('discounts', 2), ('mask', 2)):
+    _check_rank(name, getattr(t, name), rank)
+  return t
+
+
+def compute_loss(trajectory: Trajectory,
+                 options: LossOptions = LossOptions(),
+                 target_options: TargetOptions = TargetOptions(),
                  targets: Optional[VTraceTargets] = None,
-                 policy_advantages=None,
-                 ppo_clip: float = 0.0,
-                 ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+                 policy_advantages=None) -> LossOutput:
   """The IMPALA loss of a batch (or of one replica's slice of it).
 
   Args:
-    target_logits: float32 `[T, B, A]`, the learner policy's logits (differentiated).
-    values: float32 `[T, B]`, the learner baseline V(x_t) in return units
-      (differentiated).
-    bootstrap_value: float32 `[B]`, V(x_T), the value after the last step.
-    actions: int32/int64 `[T, B]`, the actions taken by the actors.
-    behaviour_logits: float32 `[T, B, A]`, the actors' logits (no gradient).
-    rewards: float32 `[T, B]`, the (clipped) reward for action t, r_t.
-    discounts: float32 `[T, B]`, gamma_t = discounting * (1 - terminated_{t+1}).
-    mask: bool `[T, B]`, False where step t is not a real transition.
-    baseline_cost: float or float32 `[]` tensor, the baseline term's weight.
-    entropy_cost: float or float32 `[]` tensor (it may be scheduled), the weight of
-      the negative-entropy term.
-    clip_rho_threshold: float or None (no clipping), V-trace rho-bar.
-    clip_pg_rho_threshold: float or None (no clipping), rho-bar for the advantages.
-    lambda_: float in [0, 1], V-trace lambda (1 in the paper).
-    use_vtrace: bool. False: no off-policy correction, rho = 1 on every valid step
-      (no clipping applies), i.e. n-step returns; masked steps still have rho = 0.
-    value_scale: float or float32 `[]` > 0, `s` of the module docstring: the value
-      errors and the advantages are divided by it (PopArt's sigma; 1 without).
-    normalizer: float or float32 `[]` > 0; every term is divided by it (1: sums).
-    targets: the batch's `compute_targets(...)`, if already computed.
+    trajectory: the batch (see `Trajectory`).
+    options: the terms' weights and scales (see `LossOptions`).
+    target_options: the V-trace settings (see `TargetOptions`); also the rho-bar
+      of the `rho_clipped_count` diagnostic.
+    targets: the batch's `compute_targets(trajectory, target_options)`, if already
+      computed.
     policy_advantages: float32 `[T, B]` or None: the advantages of the policy term
       as given (e.g. normalised, see `normalize_advantages`), used in place of
       `pg_advantages / value_scale`; the diagnostics still describe the V-trace
       advantages.
-    ppo_clip: float >= 0. 0: the policy term is IMPALA's `-log pi(a_t) * A_t`;
-      > 0: the clipped surrogate of `clipped_surrogate_loss` with this epsilon,
-      over the same advantages.
 
   Returns:
-    `(loss, diagnostics)`: loss float32 `[]`, the total described in the module
-    docstring; diagnostics a dict with the keys of `DIAGNOSTIC_KEYS`, each a float32
-    `[]` sum or count over the valid steps. `policy_loss`, `baseline_loss` and
-    `entropy_loss` are the terms as optimised (divided by `value_scale` and
-    `normalizer`, before the costs; differentiable); `advantage_*` are in return
-    units.
+    LossOutput(loss, diagnostics).
 
   Raises:
     ValueError: on inputs of the wrong rank.
   """
   if targets is None:
-    targets = compute_targets(
-        target_logits, values, bootstrap_value, actions, behaviour_logits, rewards,
-        discounts, mask, clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=lambda_,
-        use_vtrace=use_vtrace)
-  target_logits = tf.convert_to_tensor(target_logits, tf.float32)
-  values = tf.convert_to_tensor(values, tf.float32)
-  mask = tf.convert_to_tensor(mask, tf.bool)
-  actions = tf.convert_to_tensor(actions)
+    targets = compute_targets(trajectory, target_options)
+  t = _checked(trajectory)
+  target_logits, values, actions, mask = (t.target_logits, t.values, t.actions,
+                                          t.mask)
+  behaviour_logits = t.behaviour_logits
   vs, advantages, log_ratio = targets
-  scale = tf.cast(value_scale, tf.float32)
-  normalizer = tf.cast(normalizer, tf.float32)
+  scale = tf.cast(options.value_scale, tf.float32)
+  normalizer = tf.cast(options.normalizer, tf.float32)
+  ppo_clip = options.ppo_clip
+  clip_rho_threshold = target_options.clip_rho_threshold
 
   zeros = tf.zeros_like(values)
   if policy_advantages is None:
@@ -327,8 +371,8 @@ def compute_loss(target_logits,
   bl_sum = tf.reduce_sum(bl) / normalizer
   ent_raw = tf.reduce_sum(ent)
   ent_sum = ent_raw / normalizer
-  baseline_cost = tf.cast(baseline_cost, tf.float32)
-  entropy_cost = tf.cast(entropy_cost, tf.float32)
+  baseline_cost = tf.cast(options.baseline_cost, tf.float32)
+  entropy_cost = tf.cast(options.entropy_cost, tf.float32)
   loss = pg_sum + baseline_cost * bl_sum + entropy_cost * ent_sum
 
   def masked_sum(x):
@@ -356,7 +400,7 @@ def compute_loss(target_logits,
       'rho_above_1p1_count': count(tf.logical_and(mask, rhos > 1.1)),
       'ppo_clipped_count': count(tf.logical_and(mask, ppo_clipped)),
   }
-  return loss, diagnostics
+  return LossOutput(loss, diagnostics)
 
 
 def normalize_advantages(advantages, mask, moments=None) -> tf.Tensor:

@@ -27,6 +27,8 @@ from impala_tf import networks
 from impala_tf import testing
 from impala_tf import types
 
+import loss_inputs
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 B, T, OBS, A = 4, 5, 3, 3
@@ -157,12 +159,12 @@ def _reference_step(cfg, batch):
                   if cfg.loss_reduction == 'mean' else 1.0)
     policy_advantages = None
     if cfg.normalize_advantages:  # By hand, in float64.
-      adv = losses.compute_targets(**args).pg_advantages.numpy().astype(np.float64)
+      adv = loss_inputs.compute_targets(**args).pg_advantages.numpy().astype(np.float64)
       valid = adv[args['mask']]
       policy_advantages = np.where(
           args['mask'], (adv - valid.mean()) / (valid.std() + 1e-6),
           0.0).astype(np.float32)
-    loss, d = losses.compute_loss(
+    loss, d = loss_inputs.compute_loss(
         **args, baseline_cost=cfg.baseline_cost, entropy_cost=cfg.entropy_cost,
         normalizer=normalizer, policy_advantages=policy_advantages)
     terms = (d['policy_loss'], cfg.baseline_cost * d['baseline_loss'],
@@ -264,7 +266,7 @@ def _popart_reference(cfg, batch, mu0, nu0, updates0, peak0=0.0):
   sigma0 = max(spread0, floor * max(peak0, spread0))
   out = _unroll(cfg, net, batch)
   args = _loss_inputs(cfg, batch, out)
-  targets = losses.compute_targets(**args)
+  targets = loss_inputs.compute_targets(**args)
   m = args['mask']
   vs = targets.vs.numpy().astype(np.float64)[m]
   step = cfg.popart_beta / (1 - (1 - cfg.popart_beta)**(updates0 + 1))
@@ -337,7 +339,7 @@ def test_popart_first_update_takes_the_batch_moments():
   out = learner.step(_shards(learner, batch))
   net = networks.make_network(cfg, OBS_SPACE, ACTION_SPACE)
   args = _loss_inputs(cfg, batch, _unroll(cfg, net, batch))
-  vs = losses.compute_targets(**args).vs.numpy()[args['mask']].astype(np.float64)
+  vs = loss_inputs.compute_targets(**args).vs.numpy()[args['mask']].astype(np.float64)
   np.testing.assert_allclose(float(out['popart_mu']), vs.mean(), atol=1e-4)
   np.testing.assert_allclose(float(out['popart_sigma']), vs.std(), rtol=1e-4)
   assert vs.std() > 5

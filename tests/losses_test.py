@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from impala_tf import losses
 
+import loss_inputs
+
 T, B, A = 5, 4, 3
 
 
@@ -85,7 +87,7 @@ def _grads(d, **kw):
   values = tf.Variable(d['values'])
   args = dict(d, target_logits=logits, values=values)
   with tf.GradientTape() as tape:
-    loss, diag = losses.compute_loss(**args, **kw)
+    loss, diag = loss_inputs.compute_loss(**args, **kw)
   g_logits, g_values = tape.gradient(loss, [logits, values])
   return loss, diag, g_logits.numpy(), g_values.numpy()
 
@@ -132,7 +134,7 @@ def test_compute_loss_matches_numpy():
   d = _batch()
   for kw in (dict(), dict(clip_rho_threshold=0.8, clip_pg_rho_threshold=1.5,
                           lambda_=0.9), dict(use_vtrace=False)):
-    loss, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01, **kw)
+    loss, diag = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01, **kw)
     np_kw = {'clip_rho': kw.get('clip_rho_threshold', 1.0),
              'clip_pg': kw.get('clip_pg_rho_threshold', 1.0),
              'lam': kw.get('lambda_', 1.0), 'use_vtrace': kw.get('use_vtrace', True)}
@@ -258,7 +260,7 @@ def test_compute_loss_in_tf_function_and_gradient_through_shared_weights():
   @tf.function
   def f(entropy_cost):
     with tf.GradientTape() as tape:
-      loss, _ = losses.compute_loss(**dict(d, target_logits=w * d['target_logits'],
+      loss, _ = loss_inputs.compute_loss(**dict(d, target_logits=w * d['target_logits'],
                                            values=w * d['values']),
                                     baseline_cost=0.5, entropy_cost=entropy_cost)
     return loss, tape.gradient(loss, w)
@@ -272,7 +274,7 @@ def test_compute_loss_in_tf_function_and_gradient_through_shared_weights():
 def test_wrong_rank_raises():
   d = _batch()
   with pytest.raises(ValueError):
-    losses.compute_loss(**dict(d, values=d['values'][..., None]), baseline_cost=0.5,
+    loss_inputs.compute_loss(**dict(d, values=d['values'][..., None]), baseline_cost=0.5,
                         entropy_cost=0.01)
   with pytest.raises(ValueError):
     losses.entropy_loss(np.zeros([3, 4], np.float32))
@@ -283,7 +285,7 @@ def test_value_scale_and_normalizer_match_numpy():
   # (loss_reduction='mean') divides every term.
   d = _batch(seed=3)
   scale, norm = 2.5, 17.0
-  loss, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01,
+  loss, diag = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01,
                                    value_scale=scale, normalizer=norm)
   tlp, _, vs, adv = _np_targets(d)
   m = d['mask']
@@ -303,20 +305,20 @@ def test_value_scale_and_normalizer_match_numpy():
 
 def test_compute_targets_match_numpy_and_can_be_passed_in():
   d = _batch(seed=4)
-  targets = losses.compute_targets(**d)
+  targets = loss_inputs.compute_targets(**d)
   _, _, vs, adv = _np_targets(d)
   np.testing.assert_allclose(targets.vs.numpy(), vs, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(targets.pg_advantages.numpy(), adv, rtol=1e-5,
                              atol=1e-5)
-  a, _ = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01)
-  b, _ = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01,
+  a, _ = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01)
+  b, _ = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01,
                              targets=targets)
   assert float(a) == float(b)
 
 
 def test_policy_lag_diagnostics_match_numpy():
   d = _batch(seed=5)
-  _, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01)
+  _, diag = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.01)
   tlp, blp, _, _ = _np_targets(d)
   m = d['mask']
   log_rho = tlp - blp
@@ -339,7 +341,7 @@ def test_normalize_advantages_matches_numpy_and_replaces_the_policy_term():
   np.testing.assert_allclose(
       losses.normalize_advantages(adv.astype(np.float32), m, moments).numpy(),
       np.where(m, (adv - 2.0) / 2.0, 0), rtol=1e-4, atol=1e-5)
-  loss, diag = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0,
+  loss, diag = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0,
                                    policy_advantages=got)
   tlp, _, vs, _ = _np_targets(d)
   pg = np.sum(np.where(m, -tlp * want, 0))
@@ -419,8 +421,8 @@ def test_compute_loss_with_ppo_clip_matches_numpy():
   np.testing.assert_allclose(out['ppo_clip_fraction'],
                              np.sum(m & want_clipped2) / np.sum(m), rtol=1e-6)
   # ppo_clip=0 is IMPALA's loss exactly, with no clipped step.
-  loss0, diag0 = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0)
-  loss00, _ = losses.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0,
+  loss0, diag0 = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0)
+  loss00, _ = loss_inputs.compute_loss(**d, baseline_cost=0.5, entropy_cost=0.0,
                                   ppo_clip=0.0)
   assert float(loss0) == float(loss00) and float(diag0['ppo_clipped_count']) == 0
 

@@ -24,7 +24,6 @@ an async vector env that does not finish a step in time is taken as hung
 
 import multiprocessing
 import threading
-import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np

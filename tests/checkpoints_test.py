@@ -1,6 +1,5 @@
 """Tests of impala_tf.checkpoints: Checkpointer round trips, keep, run directories."""
 
-import json
 import os
 import sys
 

@@ -20,7 +20,9 @@ import tensorflow as tf
 from impala_tf import data
 from impala_tf import replay as replay_lib
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 T, A, OBS = 3, 2, (2,)
 SIG = data.unroll_signature(OBS, np.float32, A, T)
 
@@ -254,6 +256,7 @@ _DISTRIBUTE_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 def test_distribute_gives_shard_k_to_replica_k(tmp_path):
   script = tmp_path / 'distribute_check.py'
   script.write_text(_DISTRIBUTE_SCRIPT.format(

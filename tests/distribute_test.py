@@ -20,7 +20,9 @@ import tensorflow as tf
 from impala_tf import config as config_lib
 from impala_tf import distribute
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 
 
 def test_default_strategy_is_one_cpu_replica():
@@ -168,6 +170,7 @@ _SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.e2e
 def test_two_virtual_cpu_devices_in_a_subprocess(tmp_path):
   script = tmp_path / 'distribute_check.py'
   script.write_text(_SCRIPT)
@@ -370,6 +373,7 @@ _WORKERS_SCRIPT = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.e2e
 def test_two_workers_give_the_update_of_two_devices(tmp_path):
   """The tower invariant across processes: 2 workers x 1 device (127.0.0.1)
   apply the same update as 1 worker x 2 devices on the same batch."""

@@ -23,7 +23,9 @@ from impala_tf import config as config_lib
 from impala_tf import driver
 from impala_tf import testing
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 
 REQUIRED_KEYS = (
     'env_frames', 'trained_frames', 'replayed_frames', 'consumed_frames',
@@ -32,9 +34,7 @@ REQUIRED_KEYS = (
     'learner_wait_fraction')
 
 
-def _read_metrics(logdir):
-  with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
+_read_metrics = helpers.read_metrics
 
 
 def _check_counters(lines, config):
@@ -92,6 +92,7 @@ def replay_run(tmp_path_factory):
   return config, result, seen
 
 
+@pytest.mark.e2e
 def test_run_leaves_config_and_metrics(replay_run):
   config, result, seen = replay_run
   logdir = config.logdir
@@ -117,6 +118,7 @@ def test_run_leaves_config_and_metrics(replay_run):
   assert any(e.startswith('events.out.tfevents') for e in events), events
 
 
+@pytest.mark.e2e
 def test_term_norms_are_measured_on_the_logged_calls_only(tmp_path, monkeypatch):
   calls = []  # (term_norms, the call's grad_norm_policy or None), in order.
   step = driver.learner_lib.Learner.step_from_iterator
@@ -144,6 +146,7 @@ def test_term_norms_are_measured_on_the_logged_calls_only(tmp_path, monkeypatch)
   assert lines[-1]['grad_norm_policy'] == pytest.approx(measured[-1])
 
 
+@pytest.mark.e2e
 def test_popart_run_logs_its_statistics_and_the_diagnostics(tmp_path):
   # The chain env pays 1 per step for 8 steps: the V-trace targets sit between
   # 1 and 8, so PopArt's mu lands there and sigma well below the initial 1e6 cap.
@@ -166,6 +169,7 @@ def test_popart_run_logs_its_statistics_and_the_diagnostics(tmp_path):
   assert final['log_rho_abs_mean'] >= 0.0
 
 
+@pytest.mark.e2e
 def test_run_stops_at_total_environment_frames(replay_run):
   config, result, _ = replay_run
   final = result.metrics
@@ -177,6 +181,7 @@ def test_run_stops_at_total_environment_frames(replay_run):
   assert final['consumed_frames'] > 0
 
 
+@pytest.mark.e2e
 def test_frames_identity_with_replay_and_reuse(replay_run):
   config, result, _ = replay_run
   final = result.metrics
@@ -185,6 +190,7 @@ def test_frames_identity_with_replay_and_reuse(replay_run):
   assert final['learner_steps'] >= 4
 
 
+@pytest.mark.e2e
 def test_checkpoint_and_saved_policy_hold_the_final_weights(replay_run):
   config, result, _ = replay_run
   path = _check_checkpoint(config.logdir, result.metrics)
@@ -214,6 +220,7 @@ def _step_input(obs):
                           tf.zeros([b], tf.float32), tf.zeros([b], tf.bool))
 
 
+@pytest.mark.e2e
 def test_stop_event_from_another_thread_interrupts(tmp_path):
   config = testing.tiny_config(
       logdir=str(tmp_path), total_environment_frames=10_000_000, num_sgd_iter=2,
@@ -239,6 +246,7 @@ def test_stop_event_from_another_thread_interrupts(tmp_path):
   assert os.path.isdir(os.path.join(str(tmp_path), 'saved_policy'))
 
 
+@pytest.mark.e2e
 def test_stop_while_the_actors_are_stalled_returns_within_seconds(tmp_path):
   # Every env hangs at its step 3: no unroll ever reaches the learner, which
   # waits in TensorFlow for a batch. A stop request must not wait for
@@ -268,6 +276,7 @@ def test_stop_while_the_actors_are_stalled_returns_within_seconds(tmp_path):
   _check_checkpoint(str(tmp_path), final)  # A final checkpoint, 0 steps in it.
 
 
+@pytest.mark.e2e
 def test_target_return_stops_early(tmp_path):
   # Every chain episode returns 8: the 100-episode mean reaches 8 as soon as 100
   # episodes are done (800 agent steps).
@@ -283,6 +292,7 @@ def test_target_return_stops_early(tmp_path):
   _check_counters(_read_metrics(str(tmp_path)), config)
 
 
+@pytest.mark.e2e
 def test_rerunning_a_finished_run_trains_nothing(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path))
   first = driver.train(config)
@@ -319,6 +329,7 @@ def finished_run(tmp_path_factory):
   return config
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('change,expected', [
     (dict(mlp_hidden_sizes=(16, 16)), '--mlp_hidden_sizes=16 there, 16,16 now'),
     (dict(use_lstm=True), '--use_lstm=false there, true now'),
@@ -339,6 +350,7 @@ def test_resume_refuses_changed_shapes_and_touches_nothing(finished_run, change,
   assert _snapshot(finished_run.logdir) == before
 
 
+@pytest.mark.e2e
 def test_resume_with_another_env_is_refused_and_touches_nothing(finished_run):
   before = _snapshot(finished_run.logdir)
   other = testing.faulty_id('nan_reward')  # The same spaces as the chain env.
@@ -348,6 +360,7 @@ def test_resume_with_another_env_is_refused_and_touches_nothing(finished_run):
   assert _snapshot(finished_run.logdir) == before
 
 
+@pytest.mark.e2e
 def test_resume_with_an_unreadable_config_json_is_refused(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
   driver.train(config)
@@ -361,6 +374,7 @@ def test_resume_with_an_unreadable_config_json_is_refused(tmp_path):
   assert _snapshot(str(tmp_path)) == before
 
 
+@pytest.mark.e2e
 def test_resume_with_changed_learning_flags_warns_in_one_line(tmp_path, capfd):
   config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
   driver.train(config)
@@ -377,6 +391,7 @@ def test_resume_with_changed_learning_flags_warns_in_one_line(tmp_path, capfd):
       'of the run learns with the new values'], warnings
 
 
+@pytest.mark.e2e
 def test_resumed_run_stopped_before_its_first_step_keeps_its_checkpoint(
     tmp_path, monkeypatch):
   tokens = testing.fault_tokens(str(tmp_path / 'tokens'), 0)
@@ -401,6 +416,7 @@ def test_resumed_run_stopped_before_its_first_step_keeps_its_checkpoint(
   assert after == before  # The restored checkpoint was not rewritten.
 
 
+@pytest.mark.e2e
 def test_second_run_on_a_busy_logdir_is_refused(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path))
   from impala_tf import rundir  # pylint: disable=g-import-not-at-top
@@ -413,6 +429,7 @@ def test_second_run_on_a_busy_logdir_is_refused(tmp_path):
   driver.train(config)  # Released: trains.
 
 
+@pytest.mark.e2e
 def test_resumed_run_draws_fresh_env_seeds(tmp_path, monkeypatch):
   seeds, first_obs = [], []
   make = driver.environments.make_vector_env
@@ -449,6 +466,7 @@ def test_resumed_run_draws_fresh_env_seeds(tmp_path, monkeypatch):
   assert len(drawn) == 25
 
 
+@pytest.mark.e2e
 def test_env_that_raises_mid_episode_restarts_its_actor(tmp_path, monkeypatch):
   tokens = testing.fault_tokens(str(tmp_path / 'tokens'), 1)
   monkeypatch.setenv(testing.FAULTS_ENV_VAR, tokens)
@@ -466,6 +484,7 @@ def test_env_that_raises_mid_episode_restarts_its_actor(tmp_path, monkeypatch):
   assert final['episodes'] > 0 and final['episode_return_mean'] == 8.0
 
 
+@pytest.mark.e2e
 def test_non_finite_env_data_stops_the_run_after_the_restart_limit(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path),
                                env=testing.faulty_id('nan_reward'),
@@ -483,6 +502,7 @@ def test_non_finite_env_data_stops_the_run_after_the_restart_limit(tmp_path):
   assert tf.train.latest_checkpoint(os.path.join(str(tmp_path), 'checkpoints'))
 
 
+@pytest.mark.e2e
 def test_non_finite_updates_stop_the_run_keeping_the_last_checkpoint(tmp_path):
   # Rewards so large that every loss overflows to inf, unless clipped.
   config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200,
@@ -512,6 +532,7 @@ def _truncate_data(checkpoint_prefix):
     f.truncate(os.path.getsize(data) // 2)
 
 
+@pytest.mark.e2e
 def test_run_resumes_from_the_newest_readable_checkpoint(tmp_path, capfd):
   config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
   first = driver.train(config).metrics
@@ -536,6 +557,7 @@ def test_run_resumes_from_the_newest_readable_checkpoint(tmp_path, capfd):
       'run_state/env_frames/.ATTRIBUTES/VARIABLE_VALUE')) == third['env_frames']
 
 
+@pytest.mark.e2e
 def test_run_with_no_readable_checkpoint_stops_and_touches_nothing(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
   driver.train(config)
@@ -587,6 +609,7 @@ def _check_cli_run(logdir, proc, expected):
   return config, final
 
 
+@pytest.mark.e2e
 def test_cli_two_replicas_replay_reuse_chain(tmp_path):
   logdir = str(tmp_path / 'run')
   flags = ['--env=impala_tf.testing:ImpalaChain-v0', '--num_data_loader_buffers=2',
@@ -610,6 +633,7 @@ def test_cli_two_replicas_replay_reuse_chain(tmp_path):
   assert out['action'].shape == (1,)
 
 
+@pytest.mark.e2e
 def test_lstm_towers_replay_reuse_fake_image(tmp_path):
   logdir = str(tmp_path / 'run')
   flags = ['--env=impala_tf.testing:ImpalaFakeImage-v0', '--use_lstm',

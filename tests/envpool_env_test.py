@@ -398,6 +398,7 @@ class _Recording:
     return logits, state
 
 
+@pytest.mark.e2e
 @needs_envpool
 def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
   # pylint: disable=g-import-not-at-top

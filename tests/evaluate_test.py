@@ -7,7 +7,6 @@ whatever the actions, so every episode returns exactly 8: mean 8, std 0.
 import concurrent.futures
 import json
 import os
-import pathlib
 import re
 import shutil
 import subprocess
@@ -26,28 +25,21 @@ from impala_tf import evaluate
 from impala_tf import rundir
 from impala_tf import testing
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 PROG = 'impala_tf.evaluate'
 
 # TensorFlow's C++ runtime logs a few lines to stderr at import time, before any of
 # our code runs (TF_CPP_MIN_LOG_LEVEL does not silence them all); they are not ours.
-_NATIVE_LOG_RE = re.compile(
-    r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
-    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*'
-    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
-    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
+_NATIVE_LOG_RE = helpers.NATIVE_LOG_RE
 
 
 def _python(args, timeout=180):
-  env = dict(os.environ)
-  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return helpers.run_python(args, timeout=timeout)
 
 
-def _own_stderr_lines(stderr):
-  return [l for l in stderr.splitlines() if l.strip() and not _NATIVE_LOG_RE.match(l)]
+_own_stderr_lines = helpers.own_stderr_lines
 
 
 def _json_line(stdout):
@@ -94,6 +86,7 @@ def cli(run, tmp_path_factory):
     return {k: f.result() for k, f in futures.items()}
 
 
+@pytest.mark.e2e
 def test_cli_prints_mean_std_min_max_of_the_checkpoint_policy(cli, run):
   result = cli['default']
   assert result.returncode == 0, result.stderr[-3000:]
@@ -111,6 +104,7 @@ def test_cli_prints_mean_std_min_max_of_the_checkpoint_policy(cli, run):
   assert r['greedy'] is False
 
 
+@pytest.mark.e2e
 def test_cli_skips_an_unreadable_newest_checkpoint_with_one_warning(cli, run):
   result = cli['damaged_latest']
   assert result.returncode == 0, result.stderr[-3000:]
@@ -126,6 +120,7 @@ def test_cli_skips_an_unreadable_newest_checkpoint_with_one_warning(cli, run):
   assert r['episode_return_mean'] == 8.0
 
 
+@pytest.mark.e2e
 def test_cli_greedy_from_the_saved_model(cli, run):
   result = cli['greedy_saved_model']
   assert result.returncode == 0, result.stderr[-3000:]
@@ -154,6 +149,7 @@ def test_cli_errors_are_one_line_exit_2(cli, case, message):
   assert result.stdout == ''
 
 
+@pytest.mark.e2e
 def test_library_errors_say_what_is_missing(run, tmp_path):
   with pytest.raises(rundir.RunDirError, match='no such directory'):
     evaluate.evaluate(str(tmp_path / 'missing'))
@@ -178,6 +174,7 @@ def _fixed_logits(policy, steps=3, batch=5):
   return np.stack(logits)
 
 
+@pytest.mark.e2e
 def test_library_evaluate_sources_agree(run, monkeypatch):
   # The chain env pays every policy the same, so equal returns prove nothing: the
   # policies evaluate() loads from each source are compared on fixed inputs.
@@ -228,6 +225,7 @@ def _render_size(env_id):
     env.close()
 
 
+@pytest.mark.e2e
 def test_video_mp4_of_cartpole_decodes_one_frame_per_step(cartpole_run, tmp_path):
   path = str(tmp_path / 'episode.mp4')
   r = evaluate.evaluate(cartpole_run, num_episodes=3, greedy=True, video=path)
@@ -253,6 +251,7 @@ def test_video_mp4_of_cartpole_decodes_one_frame_per_step(cartpole_run, tmp_path
   assert frames[-1][:10, :10].mean() < 128 < frames[-2][:10, :10].mean()
 
 
+@pytest.mark.e2e
 def test_video_gif_from_the_saved_model_by_the_cli(cartpole_run, tmp_path):
   path = str(tmp_path / 'episode.gif')
   result = _python(['-m', 'impala_tf.evaluate', f'--logdir={cartpole_run}',
@@ -275,6 +274,7 @@ def test_video_gif_from_the_saved_model_by_the_cli(cartpole_run, tmp_path):
   assert sum(durations) == pytest.approx(20 * (length + 1))
 
 
+@pytest.mark.e2e
 def test_video_needs_the_encoder_one_line_naming_the_extra(cartpole_run, tmp_path):
   # imageio-ffmpeg made unimportable: a module of its name that raises.
   blocker = tmp_path / 'blocker'
@@ -297,6 +297,7 @@ def test_video_needs_the_encoder_one_line_naming_the_extra(cartpole_run, tmp_pat
   assert result.stdout == '' and not path.exists()
 
 
+@pytest.mark.e2e
 def test_video_errors(run, tmp_path):
   with pytest.raises(episodes.VideoError, match=r'--video=x\.avi: must end in '
                      r'\.mp4 or \.gif'):
@@ -319,6 +320,7 @@ def atari_run(tmp_path_factory):
   return logdir
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('backend', ['gymnasium', 'envpool'])
 def test_video_of_an_atari_run_is_the_full_color_screen(atari_run, backend,
                                                        tmp_path):

@@ -9,13 +9,14 @@ shows and how to run it, and print what it claims.
 
 import ast
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-_REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+_REPO = helpers.REPO
 _EXAMPLES = sorted((_REPO / 'examples').glob('*.py'))
 
 # What each example prints when it did its job (an example not listed here fails:
@@ -33,6 +34,7 @@ def test_every_example_is_listed():
   assert sorted(p.name for p in _EXAMPLES) == sorted(_EXPECTED_OUTPUT)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('path', _EXAMPLES, ids=[p.stem for p in _EXAMPLES])
 def test_example_runs(path, tmp_path):
   docstring = ast.get_docstring(ast.parse(path.read_text(encoding='utf-8')))

@@ -8,31 +8,24 @@ import of it fails) and checks at the end that it stayed blocked.
 import concurrent.futures
 import json
 import os
-import pathlib
-import re
 import shutil
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from impala_tf import checkpoints
 from impala_tf import driver
 from impala_tf import export
 from impala_tf import rundir
 from impala_tf import testing
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 
 # TensorFlow's C++ runtime logs a few lines to stderr at import time, before any of
 # our code runs (TF_CPP_MIN_LOG_LEVEL does not silence them all); they are not ours.
-_NATIVE_LOG_RE = re.compile(
-    r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
-    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*'
-    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
-    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
+_NATIVE_LOG_RE = helpers.NATIVE_LOG_RE
 
 _LOADER = textwrap.dedent('''
     import json, sys
@@ -89,14 +82,10 @@ _LOADER = textwrap.dedent('''
 
 
 def _python(args, cwd, timeout=120):
-  env = dict(os.environ)
-  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return helpers.run_python(args, cwd=cwd, timeout=timeout)
 
 
-def _own_stderr_lines(stderr):
-  return [l for l in stderr.splitlines() if l.strip() and not _NATIVE_LOG_RE.match(l)]
+_own_stderr_lines = helpers.own_stderr_lines
 
 
 @pytest.fixture(scope='module')
@@ -146,6 +135,7 @@ def exported(runs, tmp_path_factory):
               missing=tmp / 'missing')
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('kind', ['mlp', 'lstm'])
 def test_saved_policy_loads_without_impala_tf(runs, exported, kind):
   assert os.path.isfile(os.path.join(runs[kind], 'saved_policy', 'saved_model.pb'))
@@ -202,6 +192,7 @@ def test_export_cli_errors_are_one_line_exit_2(exported, case, message):
   assert not exported['missing'].exists()
 
 
+@pytest.mark.e2e
 def test_export_run_errors_say_what_is_missing(runs, tmp_path):
   with pytest.raises(rundir.RunDirError, match='has no config.json'):
     export.export_run(str(tmp_path))

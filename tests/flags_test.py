@@ -2,10 +2,6 @@
 
 import dataclasses
 import importlib.metadata
-import os
-import pathlib
-import subprocess
-import sys
 
 from absl import flags as absl_flags
 import pytest
@@ -13,7 +9,9 @@ import pytest
 from impala_tf import config as config_lib
 from impala_tf import flags as impala_flags
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 PROG = 'impala_tf.train'
 
 # Flags users and the other modules rely on (a renamed flag breaks scripts).
@@ -390,18 +388,17 @@ def test_prog_name_of_a_script():
 
 
 def _python(*args):
-  env = dict(os.environ)
-  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=60)
+  return helpers.run_python(args, timeout=60)
 
 
+@pytest.mark.e2e
 def test_cli_prints_docs():
   result = _python('-m', 'impala_tf.flags')
   assert result.returncode == 0, result.stderr
   assert result.stdout == impala_flags.generate_docs()
 
 
+@pytest.mark.e2e
 def test_cli_flag_error_is_one_line_with_status_2():
   result = _python('-m', 'impala_tf.flags', '--batch_size=abc')
   assert result.returncode == 2
@@ -411,6 +408,7 @@ def test_cli_flag_error_is_one_line_with_status_2():
       "got 'abc'\n")
 
 
+@pytest.mark.e2e
 def test_cli_helpfull_lists_the_flags():
   result = _python('-m', 'impala_tf.flags', '--helpfull')
   assert 'Traceback' not in result.stderr
@@ -434,6 +432,7 @@ print(len(calls), 'tensorflow' in sys.modules)
 '''
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('version,imported', [('2.12.1', True),
                                               ('2.21.0', False)])
 def test_old_tensorflow_is_imported_early_even_when_import_fn_declines(

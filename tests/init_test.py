@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import impala_tf
 from impala_tf import config as config_lib
 from impala_tf import driver
@@ -15,6 +17,7 @@ def test_config_is_the_validated_dataclass():
   assert impala_tf.Config().env == 'CartPole-v1'
 
 
+@pytest.mark.e2e
 def test_importing_the_package_does_not_import_tensorflow():
   # Env subprocesses import impala_tf.environments through the package: keep it light.
   code = ('import sys, impala_tf, impala_tf.environments; '
@@ -24,6 +27,7 @@ def test_importing_the_package_does_not_import_tensorflow():
   assert out.stdout.strip() == 'False'
 
 
+@pytest.mark.e2e
 def test_train_runs_from_python_without_flags(tmp_path):
   cfg = testing.tiny_config(logdir=str(tmp_path))
   result = impala_tf.train(cfg)

@@ -24,7 +24,9 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 _PACKAGE = os.path.join(_REPO, 'impala_tf')
 _KERAS_ROOTS = ('keras', 'tf_keras')
 
@@ -137,6 +139,7 @@ def test_legacy_keras_skip_reason(version, honours, installed, skips):
     assert reason.endswith(f'pip install "tf-keras~={minor}.0"'), reason
 
 
+@pytest.mark.e2e
 def test_legacy_keras_run_skips_with_its_reason_without_tf_keras(tmp_path):
   # tf-keras hidden from the test process and its children: sys.modules['tf_keras']
   # = None makes find_spec return None and `import tf_keras` fail, as when it is
@@ -159,6 +162,7 @@ def test_legacy_keras_run_skips_with_its_reason_without_tf_keras(tmp_path):
   assert '1 skipped' in out and 'needs tf-keras matching TensorFlow' in out, out[-3000:]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('legacy', ['1'])
 def test_training_with_legacy_keras(tmp_path, legacy):
   reason = legacy_keras_skip_reason(tf.__version__, _tf_honours_legacy_keras_switch(),

@@ -58,6 +58,7 @@ def _alive(pid):
   return True
 
 
+@pytest.mark.e2e
 def test_a_dead_worker_stops_the_others_within_the_timeout(monkeypatch, capsys,
                                                           tmp_path):
   pid_file = tmp_path / 'pid'
@@ -80,6 +81,7 @@ def test_a_dead_worker_stops_the_others_within_the_timeout(monkeypatch, capsys,
   assert not _alive(int(pid_file.read_text()))  # Killed, not left behind.
 
 
+@pytest.mark.e2e
 def test_signals_are_forwarded_and_a_clean_stop_exits_0(monkeypatch, tmp_path):
   body = ('import signal, sys, time\n'
           'def stop(signum, frame):\n'
@@ -132,6 +134,7 @@ sys.exit(launcher.launch_local([], 2, timeout_secs=20.0, ports=[1, 2]))
 """
 
 
+@pytest.mark.e2e
 def test_a_signal_while_the_workers_start_is_forwarded_not_a_hang(tmp_path):
   proc = subprocess.run(
       [sys.executable, '-c', _SIGNAL_WHILE_STARTING, str(tmp_path)],

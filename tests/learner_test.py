@@ -29,7 +29,9 @@ from impala_tf import types
 
 import loss_inputs
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 
 B, T, OBS, A = 4, 5, 3, 3
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
@@ -720,6 +722,7 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.e2e
 def test_tower_property_two_replicas_equal_one(tmp_path):
   cases = {}
   specs = {

@@ -220,6 +220,7 @@ def short_run(tmp_path_factory):
   return config
 
 
+@pytest.mark.e2e
 def test_short_run_event_file_read_by_tensorboard(short_run):
   """TensorBoard's own reader finds every scalar under a section, the return
   against env frames and learner steps, and the flags at step 0."""

@@ -359,6 +359,7 @@ def test_make_network_auto_and_errors():
     networks.make_network(cfg, gym.spaces.Discrete(16), gym.spaces.Discrete(4))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('legacy_keras', ['0', '1'])
 def test_works_without_keras(legacy_keras):
   """Runs with Keras 3 and with TF_USE_LEGACY_KERAS=1, importing no Keras itself.

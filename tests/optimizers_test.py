@@ -13,7 +13,9 @@ import tensorflow as tf
 from impala_tf import config as config_lib
 from impala_tf import optimizers
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 
 
 def _np_rmsprop(w, grads, lr, decay, momentum, epsilon, style='tf1'):
@@ -329,6 +331,7 @@ _MIRRORED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_mirrored_strategy_matches_single_device(tmp_path):
   script = tmp_path / 'mirrored_check.py'
   script.write_text(_MIRRORED_SCRIPT)

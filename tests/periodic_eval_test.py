@@ -66,6 +66,7 @@ def test_a_resumed_run_evaluates_first_at_the_next_multiple():
     evaluator.close()
 
 
+@pytest.mark.e2e
 def test_a_training_run_logs_evaluations_in_metrics_and_tensorboard(tmp_path):
   cfg = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=2000,
                             eval_interval_frames=400, eval_episodes=2,

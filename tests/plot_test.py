@@ -1,11 +1,8 @@
 """Tests of impala_tf/plot.py: `python -m impala_tf.plot DIR [DIR ...]`."""
 
 import json
-import os
-import pathlib
 import re
 import shlex
-import subprocess
 import sys
 
 import imageio.v3 as iio
@@ -14,7 +11,9 @@ import pytest
 
 from impala_tf import plot
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 PROG = 'impala_tf.plot'
 _PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
@@ -148,13 +147,10 @@ def test_read_errors(tmp_path):
 
 
 def _python(args, extra_path=None):
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [p for p in (extra_path, str(REPO), env.get('PYTHONPATH')) if p])
-  return subprocess.run([sys.executable, '-m', PROG, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=180)
+  return helpers.run_python(['-m', PROG, *args], extra_path=extra_path)
 
 
+@pytest.mark.e2e
 def test_cli_two_logdirs_write_a_png_and_print_the_summary(runs, tmp_path):
   seed1, _, other = runs
   out = tmp_path / 'two.png'
@@ -167,6 +163,7 @@ def test_cli_two_logdirs_write_a_png_and_print_the_summary(runs, tmp_path):
                                              'learning_rate=0.01']
 
 
+@pytest.mark.e2e
 def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
   seed1, _, _ = runs
   blocker = tmp_path / 'blocker'
@@ -193,6 +190,7 @@ def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
   assert not (tmp_path / 'x.png').exists()
 
 
+@pytest.mark.e2e
 def test_docs_images_are_drawn_by_impala_tf_plot(tmp_path):
   """Each image in docs/ is named in a doc next to the `impala_tf.plot` command
   that draws it; the command runs and draws an image of the same size."""

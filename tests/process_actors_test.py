@@ -178,6 +178,7 @@ def test_a_stalled_child_times_the_learner_out_in_one_line():
   assert not testing.process_alive(pid)
 
 
+@pytest.mark.e2e
 def test_cli_run_on_process_actors_leaves_its_files_and_no_process(tmp_path):
   logdir = str(tmp_path / 'run')
   proc = subprocess.run(
@@ -283,6 +284,7 @@ def _shm_mapped(pids):
   return names
 
 
+@pytest.mark.e2e
 def test_children_of_a_trainer_killed_with_sigkill_exit_and_free_dev_shm(tmp_path):
   logdir = str(tmp_path / 'run')
   proc = subprocess.Popen(

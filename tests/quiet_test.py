@@ -5,7 +5,6 @@ entry point's module), and reading --verbosity from a command line."""
 import json
 import logging
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -15,7 +14,9 @@ import pytest
 
 from impala_tf import quiet
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 
 
 @pytest.mark.parametrize('argv,verbosity', [
@@ -127,6 +128,7 @@ def test_native_lines_dropped_passes_other_lines_on(capfd):
                                     _CUINIT.decode().rstrip()]
 
 
+@pytest.mark.e2e
 def test_fatal_line_reaches_stderr_when_tensorflow_aborts(tmp_path):
   # TensorFlow aborts while it is imported (e.g. no AVX): its FATAL line must be on
   # the terminal, not in a capture that the abort never writes back.
@@ -191,22 +193,26 @@ def _probe(arg, **env_overrides):
   return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_quiet_tensorflow_sets_the_level_and_marks_it_as_ours():
   result = _probe('0')
   assert result == {'returned': True, 'level': '2', 'mark': '1',
                     'tensorflow_imported': True, 'tf_logger_level': logging.ERROR}
 
 
+@pytest.mark.e2e
 def test_verbosity_one_leaves_tensorflow_alone():
   assert _probe('1') == {'returned': False, 'level': None, 'mark': None,
                          'tensorflow_imported': False}
 
 
+@pytest.mark.e2e
 def test_level_set_by_the_user_is_left_alone():
   assert _probe('0', TF_CPP_MIN_LOG_LEVEL='0') == {
       'returned': False, 'level': '0', 'mark': None, 'tensorflow_imported': False}
 
 
+@pytest.mark.e2e
 def test_importing_the_entry_points_changes_no_logging():
   result = _probe('import_entry_points')
   plain = _probe('plain_tensorflow')  # TF 2.12 sets TF_CPP_MIN_LOG_LEVEL=1 itself.

@@ -43,7 +43,9 @@ from impala_tf import testing
 import ray_testing
 from ray_testing import local_ray, no_ray  # pylint: disable=unused-import
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 
 _config = ray_testing.ray_config
 _spaces = ray_testing.spaces
@@ -220,6 +222,7 @@ def test_hung_actor_is_replaced_and_restarts_are_bounded(local_ray):
   assert pool.spawns[1][1] - pool.deaths[0][1] >= ray_actors.RESTART_BACKOFF_SECS
 
 
+@pytest.mark.e2e
 def test_actors_that_do_not_fit_stop_the_run_in_one_line(local_ray, tmp_path):
   del local_ray  # 2 CPUs: three actors of one CPU each do not fit.
   config = _config(str(tmp_path), num_actors=3, ray_placement_timeout_secs=2)
@@ -278,9 +281,7 @@ def test_start_waits_for_busy_resources_saying_what_for(local_ray, monkeypatch):
       ray.kill(b)
 
 
-def _read_metrics(logdir):
-  with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
+_read_metrics = helpers.read_metrics
 
 
 def _checkpoint_counters(logdir):
@@ -318,6 +319,7 @@ def _check_identities(logdir, config):
   return final
 
 
+@pytest.mark.e2e
 def test_cartpole_run_keeps_the_accounting_identities(local_ray, tmp_path):
   del local_ray
   config = _config(str(tmp_path), replay_proportion=0.5, replay_buffer_num_slots=8,
@@ -355,6 +357,7 @@ def _start_time(pid):
     return -1
 
 
+@pytest.mark.e2e
 def test_killed_actor_process_is_replaced_and_the_run_goes_on(local_ray, tmp_path):
   del local_ray
   config = _config(str(tmp_path), total_environment_frames=10_000_000)
@@ -411,6 +414,7 @@ def two_nodes():
   cluster.shutdown()
 
 
+@pytest.mark.e2e
 def test_cluster_actors_on_the_other_node_and_node_loss(two_nodes, tmp_path):
   cluster, node = two_nodes
   config = _config(str(tmp_path), ray_address=cluster.address,
@@ -475,21 +479,7 @@ def test_runtime_env_ships_code_the_actors_node_lacks(no_ray, tmp_path,
 # --- The command line starts and stops its own Ray --------------------------------
 
 
-def _descendants(root):
-  children = {}
-  for pid in _processes():
-    try:
-      with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-      continue
-    children.setdefault(ppid, []).append(pid)
-  out, todo = [], [root]
-  while todo:
-    for c in children.get(todo.pop(), []):
-      out.append(c)
-      todo.append(c)
-  return out
+_descendants = helpers.descendants
 
 
 def _listening():
@@ -599,6 +589,7 @@ def _start_cli(logdir, flags, quiet=False):
                           text=True, env=env, cwd=_REPO)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('how', ['normal', 'SIGINT', 'SIGTERM'])
 def test_cli_ray_listens_on_loopback_and_leaves_no_process(tmp_path, how):
   logdir = str(tmp_path / 'run')

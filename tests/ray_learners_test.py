@@ -4,9 +4,7 @@ One end-to-end run on a local Ray (2 workers of the chain env); the supervision
 logic it shares with the local launcher is tested in tests/launcher_test.py.
 """
 
-import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -14,12 +12,14 @@ import time
 
 import pytest
 
+import helpers
+
 pytest.importorskip('ray')
 
 from impala_tf import ray_learners  # pylint: disable=g-import-not-at-top
 from impala_tf import testing  # pylint: disable=g-import-not-at-top
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = helpers.REPO
 
 
 def test_actor_options_split_ray_resources():
@@ -31,14 +31,10 @@ def test_actor_options_split_ray_resources():
   assert 'resources' not in ray_learners._actor_options({'CPU': 1.0})  # pylint: disable=protected-access
 
 
-def _metrics(logdir):
-  try:
-    with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
-      return [json.loads(l) for l in f if l.endswith('\n') and l.strip()]
-  except OSError:
-    return []
+_metrics = helpers.read_metrics
 
 
+@pytest.mark.e2e
 def test_two_ray_learner_workers_train_stop_on_sigterm_and_leave_nothing(tmp_path):
   logdir = str(tmp_path / 'run')
   args = [f'--env={testing.CHAIN_ID}', '--num_actors=1', '--num_envs_per_actor=4',

@@ -38,6 +38,7 @@ def test_second_lock_on_a_logdir_is_refused_naming_the_holder(tmp_path):
     pass
 
 
+@pytest.mark.e2e
 def test_lock_of_a_killed_run_does_not_stay(tmp_path):
   logdir = str(tmp_path / 'run')
   code = ('import sys, time; from impala_tf import rundir; '

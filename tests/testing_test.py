@@ -1,7 +1,6 @@
 """The test helpers of impala_tf/testing.py do what their docstring says."""
 
 import os
-import pathlib
 import subprocess
 import sys
 import time
@@ -14,7 +13,9 @@ from impala_tf import config as config_lib
 from impala_tf import environments
 from impala_tf import testing
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 
 
 def _target(obs):
@@ -160,6 +161,7 @@ def test_make_vector_env_fake_image():
     env.close()
 
 
+@pytest.mark.e2e
 def test_ids_work_in_a_fresh_process():
   """gymnasium imports impala_tf.testing itself, as with `--env=` on the CLI."""
   code = ('import gymnasium as gym\n'
@@ -194,6 +196,7 @@ def test_tiny_config_overrides():
   assert info.value.field == 'batch_size'
 
 
+@pytest.mark.e2e
 def test_processes_mentioning_finds_a_live_child_until_it_exits(tmp_path):
   token = str(tmp_path / 'marker')
   child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',

@@ -25,6 +25,7 @@ def test_builtin_torsos():
   assert torso_choice.TORSOS == ('mlp', 'shallow', 'deep')
 
 
+@pytest.mark.e2e
 def test_imports_no_tensorflow():
   code = ('import sys\nfrom impala_tf import torso_choice\n'
           'assert "tensorflow" not in sys.modules\n')

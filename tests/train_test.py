@@ -12,7 +12,6 @@ import glob
 import importlib
 import json
 import os
-import pathlib
 import re
 import signal
 import subprocess
@@ -29,18 +28,15 @@ from impala_tf import flags as flags_lib
 from impala_tf import rundir
 from impala_tf import testing
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 PROG = 'impala_tf.train'
 
 # TensorFlow's C++ runtime logs a few lines to stderr when it is imported (the GPU
 # check imports it), before any of our code runs; TF_CPP_MIN_LOG_LEVEL does not
 # silence them all. They are TF's, not ours, and are ignored when counting lines.
-_NATIVE_LOG_RE = re.compile(
-    r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
-    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
-    r'following instructions: .*'
-    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
-    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
+_NATIVE_LOG_RE = helpers.NATIVE_LOG_RE
 
 # A run that trains in seconds on the chain env (reward 1 per step, 8 steps).
 TINY = [f'--env={testing.CHAIN_ID}', '--num_actors=1', '--num_envs_per_actor=4',
@@ -101,8 +97,7 @@ def _start(args, log_path):
   return proc
 
 
-def _own_stderr_lines(stderr):
-  return [l for l in stderr.splitlines() if l.strip() and not _NATIVE_LOG_RE.match(l)]
+_own_stderr_lines = helpers.own_stderr_lines
 
 
 def _wait_for(predicate, proc, timeout, what):
@@ -117,31 +112,10 @@ def _wait_for(predicate, proc, timeout, what):
   raise AssertionError(f'timed out after {timeout} s waiting for {what}')
 
 
-def _metrics(logdir):
-  path = os.path.join(logdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding='utf-8') as f:
-    return [json.loads(l) for l in f if l.endswith('\n') and l.strip()]
+_metrics = helpers.read_metrics
 
 
-def _descendants(pid):
-  """Pids of every process below `pid`, from /proc."""
-  children = {}
-  for stat in glob.glob('/proc/[0-9]*/stat'):
-    try:
-      with open(stat, encoding='utf-8', errors='replace') as f:
-        text = f.read()
-    except OSError:
-      continue
-    fields = text[text.rindex(')') + 2:].split()
-    children.setdefault(int(fields[1]), []).append(int(stat.split('/')[2]))
-  found, todo = [], [pid]
-  while todo:
-    for child in children.get(todo.pop(), []):
-      found.append(child)
-      todo.append(child)
-  return found
+_descendants = helpers.descendants
 
 
 def _checkpoint_values(path):
@@ -206,6 +180,7 @@ def test_helpfull_lists_every_flag(bad_results):
 # --- resume after SIGKILL ---------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_resume_after_sigkill_continues_counters_and_optimizer(tmp_path):
   logdir = str(tmp_path / 'run')
   args = TINY + [f'--logdir={logdir}', '--checkpoint_interval_secs=1',
@@ -316,6 +291,7 @@ _OUR_LINE_RE = re.compile(
     r'\.py:\d+\] |impala_tf[.:])')
 
 
+@pytest.mark.e2e
 def test_quiet_start_prints_only_our_lines(tmp_path):
   logdir = str(tmp_path / 'run')
   proc = subprocess.run(
@@ -329,6 +305,7 @@ def test_quiet_start_prints_only_our_lines(tmp_path):
   assert f'{PROG}: done:' in proc.stdout
 
 
+@pytest.mark.e2e
 def test_tf_log_level_two_set_by_the_user_is_as_quiet_as_unset(tmp_path):
   # TF_CPP_MIN_LOG_LEVEL=2 is the usual way to quiet TensorFlow: it must not show
   # TensorFlow's start-up lines (the cuInit "error" among them) that the quiet
@@ -344,6 +321,7 @@ def test_tf_log_level_two_set_by_the_user_is_as_quiet_as_unset(tmp_path):
   assert 'cuInit' not in proc.stderr and 'absl::InitializeLog' not in proc.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(_HAS_GPU, reason='needs a machine without a GPU')
 def test_missing_gpus_show_tensorflows_captured_lines(tmp_path):
   proc = subprocess.run(
@@ -362,6 +340,7 @@ def test_missing_gpus_show_tensorflows_captured_lines(tmp_path):
     assert any('cuInit' in l or 'cuda' in l.lower() for l in lines[:-1]), lines
 
 
+@pytest.mark.e2e
 def test_tf_log_level_set_by_the_user_brings_tensorflow_logs_back(tmp_path):
   missing = str(tmp_path / 'missing')
   cmd = [sys.executable, '-m', 'impala_tf.export', f'--logdir={missing}']
@@ -379,6 +358,7 @@ def test_tf_log_level_set_by_the_user_brings_tensorflow_logs_back(tmp_path):
   assert any(_NATIVE_LOG_RE.match(l) for l in loud.stderr.splitlines())
 
 
+@pytest.mark.e2e
 def test_verbosity_one_brings_tensorflow_logs_back(tmp_path):
   logdir = str(tmp_path / 'run')
   proc = subprocess.run(
@@ -391,6 +371,7 @@ def test_verbosity_one_brings_tensorflow_logs_back(tmp_path):
   assert 'Using MirroredStrategy with devices' in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.e2e
 def test_logdir_that_is_a_file_is_refused_with_one_line(tmp_path):
   path = tmp_path / 'run'
   path.write_text('not a directory')
@@ -402,6 +383,7 @@ def test_logdir_that_is_a_file_is_refused_with_one_line(tmp_path):
   assert path.read_text() == 'not a directory'
 
 
+@pytest.mark.e2e
 def test_hung_async_env_is_restarted(tmp_path):
   from impala_tf import testing as testing_lib  # pylint: disable=g-import-not-at-top
   tokens = testing_lib.fault_tokens(str(tmp_path / 'tokens'), 1)
@@ -424,6 +406,7 @@ def test_hung_async_env_is_restarted(tmp_path):
   assert time.time() - start < 300
 
 
+@pytest.mark.e2e
 def test_second_run_on_a_busy_logdir_is_refused_while_the_first_runs(tmp_path):
   logdir = str(tmp_path / 'run')
   args = TINY + [f'--logdir={logdir}', '--total_environment_frames=100000000']
@@ -489,6 +472,7 @@ def _run_user_torso(tmp_path, name, source, *flags):
       timeout=180)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('source,expected', [
     (_TORSO_RAISES, "user_torso_a.torso(observation_space, action_space) raised "
      "NameError: name 'undefined_name' is not defined (at {file}:5)"),
@@ -508,6 +492,7 @@ def test_user_torso_error_names_its_file_and_line(tmp_path, source, expected):
   assert not any(l.startswith(PROG) for l in lines[:-1]), lines
 
 
+@pytest.mark.e2e
 def test_user_torso_error_with_verbosity_one_prints_the_traceback(tmp_path):
   result = _run_user_torso(tmp_path, 'user_torso_c', _TORSO_RAISES, '--verbosity=1')
   assert result.returncode == 2, result.stderr[-3000:]
@@ -561,6 +546,7 @@ def test_signals_set_stop_from_a_thread_and_the_handler_takes_no_lock():
       os.close(ours)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM],
                          ids=['SIGINT', 'SIGTERM'])
 def test_signal_stops_cleanly(tmp_path, signum):
@@ -603,6 +589,7 @@ def test_signal_stops_cleanly(tmp_path, signum):
   assert not testing.processes_mentioning(logdir)
 
 
+@pytest.mark.e2e
 def test_sigterm_while_the_actors_are_stalled_stops_within_seconds(tmp_path):
   # Every env hangs at its step 3 (a sync vector env: no step timeout can end
   # it), so the learner waits in TensorFlow for data that never comes; the Python
@@ -637,6 +624,7 @@ def test_sigterm_while_the_actors_are_stalled_stops_within_seconds(tmp_path):
   assert last['learner_steps'] == 0, last
 
 
+@pytest.mark.e2e
 def test_bad_tf_config_exits_with_one_line_before_any_work(tmp_path):
   logdir = tmp_path / 'run'
   env = dict(_env(), TF_CONFIG=json.dumps(
@@ -674,6 +662,7 @@ def _run_workers(args_of, env_of=lambda i: {}, timeout=150):
         p.wait()
 
 
+@pytest.mark.e2e
 def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
   # Both workers run the hanging env; only worker 1's envs take a fault token.
   none = testing.fault_tokens(str(tmp_path / 'none'), 0)
@@ -697,6 +686,7 @@ def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
   assert took < 10 + 30 + 30, took  # Timeout + 30 s, + both start-ups.
 
 
+@pytest.mark.e2e
 def test_hand_started_workers_with_different_flags_stop_in_one_line(tmp_path):
   logdir = str(tmp_path / 'run')
   start = time.time()
@@ -716,6 +706,7 @@ def test_hand_started_workers_with_different_flags_stop_in_one_line(tmp_path):
       m['learner_steps'] == 0 for m in _metrics(logdir))
 
 
+@pytest.mark.e2e
 def test_two_learner_workers_train_resume_and_leave_nothing_behind(tmp_path):
   logdir = str(tmp_path / 'run')
   args = TINY + ['--num_learner_workers=2', '--total_environment_frames=3000',

@@ -22,7 +22,9 @@ import textwrap
 
 import pytest
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 _TORSOS_FILE = os.path.join(_REPO, 'testdata/torsos.py')
 
 _SCRIPT = textwrap.dedent(r"""
@@ -91,6 +93,7 @@ def _env(**extra):
               TF_CPP_MIN_LOG_LEVEL='2', **extra)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('legacy', ['0', '1'], ids=['keras3', 'tf_keras'])
 def test_keras_torso_trains_resumes_exports_evaluates(tmp_path, legacy):
   if legacy == '1':
@@ -139,6 +142,7 @@ _BAD = [
 ]
 
 
+@pytest.mark.e2e
 def test_bad_network_values_give_one_line(tmp_path):
   procs = []
   for k, (value, _) in enumerate(_BAD):

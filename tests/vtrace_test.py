@@ -22,7 +22,9 @@ import tensorflow as tf
 
 from impala_tf import vtrace
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
+_REPO = str(helpers.REPO)
 _GOLDEN_PATH = os.path.join(_REPO, 'testdata', 'vtrace_golden.npz')
 
 

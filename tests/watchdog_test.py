@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -13,7 +12,9 @@ import pytest
 
 from impala_tf import watchdog
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import helpers
+
+REPO = helpers.REPO
 # The torso that hangs: --network=testdata.torsos:hangs_in_the_learner.
 TORSOS = REPO / 'testdata' / 'torsos.py'
 
@@ -165,6 +166,7 @@ def test_a_file_system_that_hangs_does_not_stop_the_watch(tmp_path, monkeypatch)
   assert 'no heartbeat from learner worker(s) 1' in lines[0]
 
 
+@pytest.mark.e2e
 def test_a_learner_step_that_never_returns_stops_the_run_with_one_line(tmp_path):
   """Without the watchdog this run hangs forever (the test's timeout fails it)."""
   assert TORSOS.is_file()

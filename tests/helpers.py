@@ -1,0 +1,76 @@
+"""What the test files share: the repository root, running `python` on the package,
+TensorFlow's native log lines, a process's descendants and a run's metrics.
+
+A test file imports it by name (pytest puts tests/ on the path): `import helpers`.
+"""
+
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+# The repository root (the directory of setup.py).
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# A line TensorFlow or absl's C++ logging writes to stderr by itself (start-up
+# notices, CPU feature lines), in the formats of TF >= 2.16 and of older versions.
+NATIVE_LOG_RE = re.compile(
+    r'^(WARNING: All log messages before absl::InitializeLog\(\) is called are '
+    r'written to STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the '
+    r'following instructions: .*'
+    # TensorFlow < 2.16: `2024-01-31 12:00:00.123456: E path/x.cc:123] ...`.
+    r'|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\] .*)$')
+
+
+def own_stderr_lines(stderr: str) -> List[str]:
+  """The non-empty lines of `stderr` that are not TensorFlow's native logs."""
+  return [l for l in stderr.splitlines() if l.strip() and not NATIVE_LOG_RE.match(l)]
+
+
+def run_python(args: Sequence[str], cwd=REPO, timeout: float = 180,
+               extra_path: Optional[str] = None) -> subprocess.CompletedProcess:
+  """`python ARGS` with this checkout first on PYTHONPATH; output captured as text.
+
+  Args:
+    args: the interpreter's arguments, e.g. ['-m', 'impala_tf.train', ...].
+    cwd: the working directory (the repository root by default).
+    timeout: seconds before subprocess.TimeoutExpired.
+    extra_path: a directory put before the checkout on PYTHONPATH.
+  """
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in (extra_path, str(REPO), env.get('PYTHONPATH')) if p)
+  return subprocess.run([sys.executable, *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def descendants(pid: int) -> List[int]:
+  """Pids of every process below `pid`, from /proc (children first)."""
+  children: Dict[int, List[int]] = {}
+  for stat in glob.glob('/proc/[0-9]*/stat'):
+    try:
+      with open(stat, encoding='utf-8', errors='replace') as f:
+        text = f.read()
+      ppid = int(text[text.rindex(')') + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue  # Gone, or unreadable.
+    children.setdefault(ppid, []).append(int(stat.split('/')[2]))
+  found, todo = [], [pid]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      found.append(child)
+      todo.append(child)
+  return found
+
+
+def read_metrics(logdir) -> List[Dict[str, object]]:
+  """The complete lines of `logdir/metrics.jsonl` ([] before the file exists)."""
+  try:
+    with open(os.path.join(logdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      return [json.loads(l) for l in f if l.endswith('\n') and l.strip()]
+  except FileNotFoundError:
+    return []

@@ -174,13 +174,7 @@ _SCRIPT = textwrap.dedent(r"""
 def test_two_virtual_cpu_devices_in_a_subprocess(tmp_path):
   script = tmp_path / 'distribute_check.py'
   script.write_text(_SCRIPT)
-  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
-  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                        env=env, cwd=_REPO, timeout=240, check=False)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out = helpers.run_probe(script)
   assert out['logical_cpus'] == 2
   assert out['replicas'] == 2
   assert [d.split('/')[-1] for d in out['devices']] == ['device:CPU:0', 'device:CPU:1']

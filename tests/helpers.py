@@ -74,3 +74,23 @@ def read_metrics(logdir) -> List[Dict[str, object]]:
       return [json.loads(l) for l in f if l.endswith('\n') and l.strip()]
   except FileNotFoundError:
     return []
+
+
+def run_probe(script_path, args: Sequence[str] = (), timeout: float = 240,
+              **env_overrides) -> Dict[str, object]:
+  """Runs a probe script in a fresh python; returns its `RESULT {json}` line's JSON.
+
+  The probe runs with this checkout first on PYTHONPATH, no GPU and TensorFlow's
+  INFO logs off (`env_overrides` adds or replaces variables). A probe that fails or
+  prints no RESULT line fails the test with the tails of its output.
+  """
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in (str(REPO), os.environ.get('PYTHONPATH')) if p)
+  env.update(env_overrides)
+  proc = subprocess.run([sys.executable, str(script_path), *map(str, args)],
+                        capture_output=True, text=True, env=env, cwd=REPO,
+                        timeout=timeout, check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+  return json.loads(lines[-1][len('RESULT '):])

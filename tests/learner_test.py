@@ -9,8 +9,6 @@ MirroredStrategy over virtual CPU devices, feeding the batch through the real
 """
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -31,7 +29,6 @@ import loss_inputs
 
 import helpers
 
-_REPO = str(helpers.REPO)
 
 B, T, OBS, A = 4, 5, 3, 3
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
@@ -757,14 +754,7 @@ def test_tower_property_two_replicas_equal_one(tmp_path):
   (tmp_path / 'cases.json').write_text(json.dumps(cases))
   script = tmp_path / 'tower_check.py'
   script.write_text(_TOWER_SCRIPT)
-  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
-  proc = subprocess.run([sys.executable, str(script), str(tmp_path / 'cases.json')],
-                        capture_output=True, text=True, env=env, cwd=_REPO,
-                        timeout=600, check=False)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out = helpers.run_probe(script, [tmp_path / 'cases.json'], timeout=600)
   assert set(out) == set(specs)
   for name, r in out.items():
     assert r['replicas'] == [1, 2], (name, r)

@@ -1,9 +1,5 @@
 """Tests for impala_tf.optimizers: updates against numpy, schedules, distribution."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -15,7 +11,6 @@ from impala_tf import optimizers
 
 import helpers
 
-_REPO = str(helpers.REPO)
 
 
 def _np_rmsprop(w, grads, lr, decay, momentum, epsilon, style='tf1'):
@@ -335,13 +330,7 @@ _MIRRORED_SCRIPT = textwrap.dedent("""
 def test_mirrored_strategy_matches_single_device(tmp_path):
   script = tmp_path / 'mirrored_check.py'
   script.write_text(_MIRRORED_SCRIPT)
-  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-             CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
-  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                        env=env, cwd=_REPO, timeout=240, check=False)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out = helpers.run_probe(script)
   for kind, r in out.items():
     assert r['replicas'] == 2, (kind, r)
     assert r['moved'] > 1e-3, (kind, r)

@@ -4,7 +4,7 @@ No TensorFlow import; runs in well under a second.
 
 * `check_build(build_text, repo_root)` compares a BUILD text with the sources and
   returns a list of problems, each naming the exact BUILD line to add or remove.
-* `check_import_rules(repo_root)` checks DESIGN.md's layering rules on impala_tf/.
+* `check_import_rules(repo_root)` checks docs/design.md's import rules on impala_tf/.
 * `python tests/build_test.py` prints both lists; `python tests/build_test.py
   --print-build` prints the BUILD file the sources call for (to regenerate: `python
   tests/build_test.py --print-build > BUILD`).
@@ -463,7 +463,7 @@ def check_build(build_text: str, repo_root) -> List[str]:
   return problems
 
 
-# Layering rules from DESIGN.md ("Imports run one way").
+# Import rules of docs/design.md ("Layout: modules by role": "Imports run one way").
 LEAVES = ('config', 'types')
 FLAGS_ALLOWED = ('train', 'evaluate', 'export', 'plot', 'flags')
 _FORBIDDEN = [  # (module, must not reach, why)
@@ -480,7 +480,7 @@ _FORBIDDEN = [  # (module, must not reach, why)
 
 
 def check_import_rules(repo_root) -> List[str]:
-  """DESIGN.md's import rules over impala_tf/ (transitively, with the chain)."""
+  """docs/design.md's import rules over impala_tf/ (transitively, with the chain)."""
   repo_root = pathlib.Path(repo_root)
   modules = [m for m in _package_modules(repo_root) if m != '__init__']
   graph, flag_line = {}, {}
@@ -573,7 +573,7 @@ def test_build_matches_sources():
 def test_import_rules():
   problems = check_import_rules(REPO_ROOT)
   if problems:
-    raise AssertionError('DESIGN.md import rules broken:\n' + '\n'.join(problems))
+    raise AssertionError('docs/design.md import rules broken:\n' + '\n'.join(problems))
 
 
 def test_readme_test_command_is_what_ci_runs():

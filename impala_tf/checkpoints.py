@@ -103,7 +103,8 @@ class Checkpointer:
     damage: it stops the restore and touches nothing.
 
     Raises:
-      rundir.CheckpointMismatchError: a trackable has no value in the checkpoint, or one of
+      rundir.CheckpointMismatchError: a trackable has no value in the checkpoint,
+        or one of
         another shape (e.g. the network flags changed between runs).
       rundir.CheckpointUnreadableError: there are checkpoint files but none can be read.
       CheckpointReadError: a checkpoint cannot be read for another reason than
@@ -311,7 +312,8 @@ def latest_checkpoint(logdir: str) -> Optional[str]:
 
 def build_network(config: config_lib.Config) -> networks.AgentNetwork:
   """A freshly initialised network of the shape a run of `config` trains."""
-  obs_space, action_space = environments.env_spaces(config.env, **environments.env_kwargs(config))
+  obs_space, action_space = environments.env_spaces(
+      config.env, **environments.env_kwargs(config))
   return networks.make_network(config, obs_space, action_space)
 
 
@@ -338,8 +340,8 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
   paths = [checkpoint] if checkpoint else checkpoint_candidates(directory)
   if not paths:
     raise rundir.RunDirError(
-        f'--logdir={logdir}: has no checkpoint in {rundir.CHECKPOINT_SUBDIR}/ (a run writes '
-        'one every --checkpoint_interval_secs and when it stops)')
+        f'--logdir={logdir}: has no checkpoint in {rundir.CHECKPOINT_SUBDIR}/ '
+        '(a run writes one every --checkpoint_interval_secs and when it stops)')
   network = build_network(config)
   errors = []
   for path in paths:
@@ -350,8 +352,9 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
       status.expect_partial()  # The optimizer and counters are not needed here.
       return config, network, path
     except (AssertionError, ValueError) as e:
-      raise rundir.RunDirError(f'{path}: cannot restore the network of {rundir.CONFIG_FILE} from '
-                        f'it: {str(e).splitlines()[0] if str(e) else e!r}') from None
+      raise rundir.RunDirError(
+          f'{path}: cannot restore the network of {rundir.CONFIG_FILE} from '
+          f'it: {str(e).splitlines()[0] if str(e) else e!r}') from None
     except _READ_ERRORS as e:
       if checkpoint:
         raise rundir.RunDirError(f'{path}: cannot be read ({_short(e)})') from None

@@ -16,8 +16,8 @@ MultiWorkerMirroredStrategy, created first, before any other TensorFlow op. It
 runs its own actors (ids offset by worker index x num_actors, seeds by
 `distribute.worker_seed`) and feeds its own replicas its share of the global
 --batch_size. The workers decide together when to stop and to checkpoint, and
-count frames and episodes over all of them (`agreement.Agreement`). The chief (worker 0) alone writes the run
-directory (lock, config.json, metrics.jsonl, TensorBoard, checkpoints,
+count frames and episodes over all of them (`agreement.Agreement`). The chief
+(worker 0) alone writes the run directory (lock, config.json, metrics.jsonl, TensorBoard, checkpoints,
 saved_policy); the others write their checkpoints to a temporary directory
 (TensorFlow's protocol) and delete it; every worker restores from the chief's
 checkpoints. A collective that fails (a worker died) ends the run with one line.

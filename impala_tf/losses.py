@@ -133,8 +133,8 @@ class LossOptions(NamedTuple):
       > 0: the clipped surrogate of `clipped_surrogate_loss` with this epsilon,
       over the same advantages.
   """
-  baseline_cost: Scalar = 0.5
-  entropy_cost: Scalar = 0.01
+  baseline_cost: Scalar
+  entropy_cost: Scalar
   value_scale: Scalar = 1.0
   normalizer: Scalar = 1.0
   ppo_clip: float = 0.0
@@ -319,7 +319,7 @@ def _checked(trajectory: Trajectory) -> Trajectory:
 
 
 def compute_loss(trajectory: Trajectory,
-                 options: LossOptions = LossOptions(),
+                 options: LossOptions,
                  target_options: TargetOptions = TargetOptions(),
                  targets: Optional[VTraceTargets] = None,
                  policy_advantages=None) -> LossOutput:

@@ -1,7 +1,7 @@
 """The run directory (--logdir): checks, the one-run lock, config.json, resume checks.
 
-What a run leaves in its logdir is listed in the README ("Train, resume, evaluate"); this module owns the parts
-that are not checkpoint files, and imports no TensorFlow (the CLI runs these checks
+What a run leaves in its logdir is listed in the README ("Train, resume,
+evaluate"); this module owns the parts that are not checkpoint files, and imports no TensorFlow (the CLI runs these checks
 before it imports TensorFlow):
 
 * `check_logdir`: the logdir is (or can be made) a writable directory.

@@ -19,7 +19,7 @@ from impala_tf import errors
 
 def _user_network_error(spec: str, what: str) -> config_lib.ConfigError:
   """A one-line ConfigError for field `network` (the CLI prints `--network=...`)."""
-  return config_lib.ConfigError('network', spec, ' '.join(str(what).split()))
+  return config_lib.ConfigError('network', spec, errors.one_line(what, limit=None))
 
 
 def _describe(e: Exception) -> str:

@@ -50,7 +50,8 @@ def socket_inodes(pid: int) -> set:
   return inodes
 
 
-def _descendants(root: int) -> List[int]:
+def descendants(root: int) -> List[int]:
+  """Pids of every process below `root`, from /proc (Linux; [] elsewhere)."""
   children: Dict[int, List[int]] = {}
   for d in os.listdir('/proc'):
     if not d.isdigit():
@@ -113,7 +114,7 @@ def check_loopback_only(root: int, ignore: frozenset = frozenset()):
   if not os.path.isdir('/proc/self/fd'):
     return
   listening = _listening_sockets()
-  for pid in [root] + _descendants(root):
+  for pid in [root] + descendants(root):
     for inode in sorted(socket_inodes(pid) - set(ignore if pid == root else ())):
       address = listening.get(inode)
       if address is not None and not _is_loopback(address):

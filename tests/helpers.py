@@ -4,7 +4,6 @@ TensorFlow's native log lines, a process's descendants and a run's metrics.
 A test file imports it by name (pytest puts tests/ on the path): `import helpers`.
 """
 
-import glob
 import json
 import os
 import pathlib
@@ -12,6 +11,8 @@ import re
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
+
+from impala_tf import socket_audit
 
 # The repository root (the directory of setup.py).
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -49,22 +50,8 @@ def run_python(args: Sequence[str], cwd=REPO, timeout: float = 180,
 
 
 def descendants(pid: int) -> List[int]:
-  """Pids of every process below `pid`, from /proc (children first)."""
-  children: Dict[int, List[int]] = {}
-  for stat in glob.glob('/proc/[0-9]*/stat'):
-    try:
-      with open(stat, encoding='utf-8', errors='replace') as f:
-        text = f.read()
-      ppid = int(text[text.rindex(')') + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-      continue  # Gone, or unreadable.
-    children.setdefault(ppid, []).append(int(stat.split('/')[2]))
-  found, todo = [], [pid]
-  while todo:
-    for child in children.get(todo.pop(), []):
-      found.append(child)
-      todo.append(child)
-  return found
+  """Pids of every process below `pid`, from /proc (`socket_audit.descendants`)."""
+  return socket_audit.descendants(pid)
 
 
 def read_metrics(logdir) -> List[Dict[str, object]]:

@@ -210,7 +210,11 @@ def train(config: config_lib.Config,
       lock.acquire()  # One run per logdir, held until this call returns.
   except config_lib.ConfigError as e:
     raise TrainingError(f'--{e}') from None
+  # Watched from here on: a start that hangs (an env that never builds, a learner
+  # worker that never joins, actors that never start) stops the run too.
+  dog = _watchdog(config, cluster, on_stall).start()
   try:
+    dog.phase('starting: the env spaces, TensorFlow and its devices')
     # The spaces first: the inter-op pool must be sized before TensorFlow starts.
     spaces = environments.env_spaces(config.env, **environments.env_kwargs(config))
     threads = distribute.inter_op_threads(config, spaces[0].shape)
@@ -222,11 +226,19 @@ def train(config: config_lib.Config,
     distribute.configure_devices(config.num_virtual_cpu_devices, config.num_gpus)
     if cluster is not None and not os.environ.get(distribute.LAUNCHED_ENV):
       print(distribute.exposure_line([cluster.port]), flush=True)
+    if cluster is not None:
+      dog.phase(watchdog_lib.WAITING_FOR_WORKERS)
+      if not dog.wait_for_all(stop_event or threading.Event()):
+        raise TrainingError(
+            f'learner worker {cluster.index}: stopped before every learner '
+            'worker had started; nothing was trained')
     # A MultiWorkerMirroredStrategy must come before any other TensorFlow op.
+    dog.phase('starting: the learner workers\' strategy' if cluster else
+              'starting: the strategy')
     strategy = distribute.get_strategy(
         config.num_gpus, config.num_virtual_cpu_devices, cluster)
     run = _Run(config, stop_event or threading.Event(), on_metrics, strategy,
-               cluster, spaces, on_stall)
+               cluster, spaces, dog)
     try:
       if run.restored and run.base_env_frames >= config.total_environment_frames:
         if chief:
@@ -240,6 +252,7 @@ def train(config: config_lib.Config,
     finally:
       run.cleanup()
   finally:
+    dog.close()  # Whatever failed: no later exit from its thread.
     if chief:
       lock.release()
 
@@ -254,15 +267,28 @@ _LAST_STEP = _TERM_NORMS + ('popart_mu', 'popart_sigma',
                              'popart_replica_spread')
 
 
+def _watchdog(config: config_lib.Config, cluster: Optional[distribute.Cluster],
+              on_stall: Optional[Callable[[str], None]]) -> watchdog_lib.Watchdog:
+  """The run's progress watchdog (not started)."""
+  # At least twice the loaders' timeout, so that data that stops is reported as
+  # such first.
+  stall = config.stall_timeout_secs and max(config.stall_timeout_secs,
+                                            2 * config.learner_queue_timeout)
+  return watchdog_lib.Watchdog(
+      stall, cluster.index if cluster else 0,
+      cluster.num_workers if cluster else 1,
+      os.path.join(config.logdir, 'heartbeats'), on_stall)
+
+
 class _Run:
   """One call of `train`: what it built and restored, and its phases as methods."""
 
   def __init__(self, config: config_lib.Config, stop: threading.Event,
                on_metrics: Optional[Callable[[Dict[str, object]], None]],
                strategy: tf.distribute.Strategy,
-               cluster: Optional[distribute.Cluster] = None,
-               spaces=None,
-               on_stall: Optional[Callable[[str], None]] = None):
+               cluster: Optional[distribute.Cluster],
+               spaces: Tuple[object, object],
+               dog: watchdog_lib.Watchdog):
     self.config = config
     self.stop = stop
     self.on_metrics = on_metrics
@@ -278,8 +304,8 @@ class _Run:
     self.tmpdir = None
     self.internal_stop = threading.Event()
     self.start_time = time.time()
-    self.obs_space, self.action_space = spaces or environments.env_spaces(
-        config.env, **environments.env_kwargs(config))
+    self.watchdog = dog  # Started by `train` (it watches the start-up too).
+    self.obs_space, self.action_space = spaces
     self.repeat = environments.action_repeat(config.env)
     try:  # Before anything is built or written.
       learning_changes = rundir.check_resume(config, self.obs_space,
@@ -297,6 +323,7 @@ class _Run:
         config.minibatch_buffer_size * config.num_sgd_iter, self.episode_log,
         self.repeat, config.total_environment_frames, config.target_return)
     # Before anything is built: a flag that differs is one line.
+    self.watchdog.phase(watchdog_lib.AGREEMENT_ON_FLAGS)
     self._check_workers_agree(distribute.config_fingerprint(config),
                               'flag(s) {}: start every worker with the same flags')
     self.learner = learner_lib.Learner(
@@ -316,13 +343,16 @@ class _Run:
     self.ckpt, self.save_ckpt, self.tmpdir = checkpoints.run_checkpointers(
         config.logdir, config.keep_checkpoints, self.learner, self.run_state,
         self.resumes, self.actor_rngs, self.worker_index)
+    self.watchdog.phase('starting: the network, restoring the checkpoint')
     self.restored = self._restore()
+    self.watchdog.restored(int(self.learner.learner_steps.numpy()))
     self.num_resumes = int(self.resumes.numpy())
     self.base_env_frames = int(self.run_state.env_frames.numpy())
     self.base_wall = float(self.run_state.wall_seconds.numpy())
     self.agreement.start_from(self.base_env_frames,
                               int(self.run_state.episodes.numpy()))
     if self.multi:  # Replicas that start apart would drift while they all-reduce.
+      self.watchdog.phase(watchdog_lib.AGREEMENT_ON_RESTORE)
       self._check_workers_agree(
           {'learner step': int(self.learner.learner_steps.numpy()),
            'weights': distribute.weights_hash(self.learner.get_weights())},
@@ -341,13 +371,6 @@ class _Run:
     # Set on the other workers when the agreement says one worker's actors or
     # data failed: they stop with a line naming it (its own line says why).
     self.other_failed: Optional[TrainingError] = None
-    # At least twice the loaders' timeout, so that data that stops is reported
-    # as such first.
-    stall = config.stall_timeout_secs and max(config.stall_timeout_secs,
-                                              2 * config.learner_queue_timeout)
-    self.watchdog = watchdog_lib.Watchdog(
-        stall, self.worker_index, self.num_workers,
-        os.path.join(config.logdir, 'heartbeats'), on_stall)
 
   def _check_workers_agree(self, values: Dict[str, int], what: str):
     """Raises TrainingError (one line) when the workers' `values` differ."""
@@ -390,8 +413,7 @@ class _Run:
         num_replicas=distribute.local_replicas(self.strategy)))
 
   def cleanup(self):
-    """Stops the watchdog; deletes this worker's temporary checkpoint directory."""
-    self.watchdog.close()  # Whatever failed: no later exit from its thread.
+    """Deletes this worker's temporary checkpoint directory."""
     if self.tmpdir:
       shutil.rmtree(self.tmpdir, ignore_errors=True)
 
@@ -427,12 +449,12 @@ class _Run:
                                name='stop-watcher', daemon=True)
     watcher.start()
     try:
+      self.watchdog.phase('starting the actors')
       self.pool.start(int(self.learner.learner_steps.numpy()),
                       self.learner.get_weights())
-      # From here on (placing Ray actors has its own timeouts): the first step,
-      # its tracing included, then every step.
+      # The first step, its tracing included, then every step.
       self.watchdog.phase(watchdog_lib.LEARNER_STEP)
-      self.watchdog.start(int(self.learner.learner_steps.numpy()))
+      self.watchdog.alive()
       iterator = iter(dataset)
       reached_target, interrupted = self._loop(iterator)
     except KeyboardInterrupt:

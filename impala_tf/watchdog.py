@@ -4,10 +4,13 @@ A learner worker that hangs (an env step or a device that never returns, a
 checkpoint write on a dead file system, a process frozen by the host) leaves every
 other worker of a multi-worker run waiting in its next collective, forever; the
 data pipeline's own timeout (--learner_queue_timeout) covers only data that stops.
-The `Watchdog` is a daemon thread per learner process. The run loop calls
-`progress(step)` after every learner call, `alive()` when a chunk of data arrives,
-and `phase(name)` before each part of the loop (plain attribute writes: no lock, no
-I/O); when none of them is seen for `timeout_secs` the thread calls `on_stall`
+The `Watchdog` is a daemon thread per learner process, started before the run
+builds anything (a start that hangs is a stall too: an env that never builds, a
+learner worker that never joins the others, actors that never start). The run loop
+calls `progress(step)` after every learner call, `alive()` when a chunk of data
+arrives, and `phase(name)` before each part of the start and of the loop (plain
+attribute writes: no lock, no I/O); when none of them is seen for `timeout_secs`
+the thread calls `on_stall`
 with one line, by default printed to stderr before the process exits with status 1
 (the main thread may be blocked inside TensorFlow, where no Python exception
 reaches it). The newest checkpoint is as it was: checkpoints are written whole or
@@ -34,10 +37,20 @@ from typing import Callable, Dict, List, Optional
 
 LEARNER_STEP = 'learner step'
 AGREEMENT = 'the workers\' agreement'
-# Phases in which a worker waits for the others (a collective).
-COLLECTIVE_PHASES = frozenset({LEARNER_STEP, AGREEMENT})
+# The two checks at the start that the workers agree (collectives too).
+AGREEMENT_ON_FLAGS = 'starting: the workers\' agreement on the flags'
+AGREEMENT_ON_RESTORE = 'starting: the workers\' agreement on the restored state'
+# Before the strategy: until every worker's heartbeat is seen (`wait_for_all`).
+WAITING_FOR_WORKERS = 'starting: waiting for every learner worker\'s heartbeat'
+# Phases in which a worker waits for the others (a collective, or the start's
+# rendezvous).
+COLLECTIVE_PHASES = frozenset({LEARNER_STEP, AGREEMENT, AGREEMENT_ON_FLAGS,
+                               AGREEMENT_ON_RESTORE, WAITING_FOR_WORKERS})
 # A heartbeat older than this many write intervals is from a process that stopped.
 STALE_INTERVALS = 3
+# Seconds between heartbeats until every worker has been heard from (the start's
+# rendezvous waits on it).
+START_INTERVAL_SECS = 0.25
 
 
 def _exit_on_stall(line: str) -> None:
@@ -83,6 +96,7 @@ class Watchdog:
     self.interval_secs = (interval_secs if interval_secs is not None
                           else min(10.0, self.timeout_secs / 5 or 1.0))
     self.step = 0
+    self._stepped = False  # A learner call of this run returned.
     self._phase = 'starting'
     self._last_progress = time.monotonic()
     self._closed = threading.Event()
@@ -117,6 +131,12 @@ class Watchdog:
 
   def progress(self, step: int) -> None:
     """A learner call returned: `step` is the learner step it reached."""
+    self.step = int(step)
+    self._stepped = True
+    self._last_progress = time.monotonic()
+
+  def restored(self, step: int) -> None:
+    """The run restored a checkpoint of learner step `step` (progress, no step)."""
     self.step = int(step)
     self._last_progress = time.monotonic()
 
@@ -171,8 +191,35 @@ class Watchdog:
           if beat is not None and beat != old:
             old, changed = beat, now
           self._seen[i] = (old, changed)
-      if self._closed.wait(self.interval_secs):
+      interval = (self.interval_secs if self.heard_from_all()
+                  else min(self.interval_secs, START_INTERVAL_SECS))
+      if self._closed.wait(interval):
         return
+
+  def heard_from_all(self) -> bool:
+    """Whether every worker has written a heartbeat during this run."""
+    with self._seen_lock:
+      return all(self._seen.get(i, (None, None))[1] is not None
+                 for i in range(self.num_workers))
+
+  def wait_for_all(self, stop: threading.Event) -> bool:
+    """Waits (in Python: the watch goes on) until every worker has been heard.
+
+    A learner worker that never starts would otherwise leave the others in
+    TensorFlow's connection to it, which holds the GIL: no Python thread, the
+    watch included, runs again. After `timeout_secs` the watch's stall line names
+    the workers not heard from.
+
+    Returns:
+      True when every worker has been heard from (at once without heartbeats),
+      False when `stop` was set or the watchdog closed first.
+    """
+    if not self.heartbeat_dir:
+      return True
+    while not self.heard_from_all():
+      if stop.is_set() or self._closed.wait(0.05):
+        return False
+    return True
 
   def others(self) -> Dict[int, Optional[dict]]:
     """Each worker's last heartbeat written during this run, with `age` (local
@@ -194,9 +241,16 @@ class Watchdog:
     """The one-line message of a stall after `idle_secs` without progress."""
     who = (f'learner worker {self.worker_index}: ' if self.num_workers > 1
            else '')
-    line = (f'{who}no learner step for {idle_secs:.0f} s (--stall_timeout_secs='
-            f'{self.timeout_secs:g}); the last was step {self.step}, and it is '
-            f'now in: {self._phase}')
+    if self._stepped:
+      line = (f'{who}no learner step for {idle_secs:.0f} s (--stall_timeout_secs='
+              f'{self.timeout_secs:g}); the last was step {self.step}, and it is '
+              f'now in: {self._phase}')
+    else:
+      line = (f'{who}no progress for {idle_secs:.0f} s before this run\'s first '
+              f'learner step (--stall_timeout_secs={self.timeout_secs:g})')
+      if self.step:
+        line += f'; the last was step {self.step} (restored)'
+      line += f'; it is now in: {self._phase}'
     if self.heartbeat_dir:
       beats = self.others()
       beats[self.worker_index] = dict(step=self.step, phase=self._phase, age=0.0)

@@ -686,6 +686,36 @@ def test_a_worker_whose_env_hangs_stops_every_worker_naming_it(tmp_path):
   assert took < 10 + 30 + 30, took  # Timeout + 30 s, + both start-ups.
 
 
+
+@pytest.mark.e2e
+def test_a_learner_worker_that_never_starts_is_named_within_the_stall_timeout(
+    tmp_path):
+  """Worker 1 of 2 is never started: worker 0 would wait in TensorFlow's
+  connection to it, holding the GIL, forever (the test's timeout kills it)."""
+  logdir = tmp_path / 'run'
+  workers = [f'127.0.0.1:{p}' for p in distribute.free_local_ports(2)]
+  env = dict(_env(), TF_CONFIG=json.dumps(
+      {'cluster': {'worker': workers}, 'task': {'type': 'worker', 'index': 0}}))
+  start = time.time()
+  proc = subprocess.run(
+      _train_cmd(*TINY, '--stall_timeout_secs=5', '--learner_queue_timeout=2',
+                 f'--logdir={logdir}'),
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  took = time.time() - start
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert _own_stderr_lines(proc.stderr)[-1] == (
+      f'{PROG}: error: learner worker 0: no progress for 5 s before this run\'s '
+      'first learner step (--stall_timeout_secs=5); it is now in: starting: '
+      'waiting for every learner worker\'s heartbeat; no heartbeat from learner '
+      'worker(s) 1 since this one started (still starting, hung before its first '
+      f'step, or {logdir / "heartbeats"} is not one directory every worker '
+      'shares); the run stops; the newest checkpoint in --logdir is intact: '
+      'rerun the same command to resume'), proc.stderr[-3000:]
+  assert took < 60, took  # The start-up (about 10 s here) and the 5 s.
+  assert not (logdir / 'metrics.jsonl').exists()
+  assert not (logdir / 'checkpoints').exists()
+
+
 @pytest.mark.e2e
 def test_hand_started_workers_with_different_flags_stop_in_one_line(tmp_path):
   logdir = str(tmp_path / 'run')

@@ -166,6 +166,42 @@ def test_a_file_system_that_hangs_does_not_stop_the_watch(tmp_path, monkeypatch)
   assert 'no heartbeat from learner worker(s) 1' in lines[0]
 
 
+
+def test_workers_meet_at_the_start_and_one_that_never_comes_is_named(tmp_path):
+  d = str(tmp_path / 'hb')
+  stop = threading.Event()
+  # Two workers that both start: each hears the other within a second or so.
+  dogs = [watchdog.Watchdog(60, i, 2, d, on_stall=lambda _: None,
+                            interval_secs=5).start() for i in (0, 1)]
+  t0 = time.monotonic()
+  assert all(dog.wait_for_all(stop) for dog in dogs)
+  assert time.monotonic() - t0 < 2.0, 'heartbeats at start come every 0.25 s'
+  for dog in dogs:
+    dog.close()
+  # Worker 1 of another run never starts: the watch names it and the phase.
+  lines = []
+  dog = watchdog.Watchdog(0.4, 0, 2, str(tmp_path / 'hb2'),
+                          on_stall=lines.append, interval_secs=0.05).start()
+  dog.phase(watchdog.WAITING_FOR_WORKERS)
+  waiter = threading.Thread(target=lambda: lines.append(dog.wait_for_all(stop)))
+  waiter.start()
+  assert _wait_for(lines)
+  stop.set()
+  waiter.join(timeout=5)
+  dog.close()
+  assert lines[0] == (
+      'learner worker 0: no progress for 0 s before this run\'s first learner '
+      'step (--stall_timeout_secs=0.4); it is now in: starting: waiting for every '
+      'learner worker\'s heartbeat; no heartbeat from learner worker(s) 1 since '
+      'this one started (still starting, hung before its first step, or '
+      f'{tmp_path / "hb2"} is not one directory every worker shares); the run '
+      'stops; the newest checkpoint in --logdir is intact: rerun the same command '
+      'to resume'), lines
+  assert lines[1:] == [False]  # The stop ended the wait.
+  # A single worker waits for nobody.
+  assert watchdog.Watchdog(60).wait_for_all(stop)
+
+
 @pytest.mark.e2e
 def test_a_learner_step_that_never_returns_stops_the_run_with_one_line(tmp_path):
   """Without the watchdog this run hangs forever (the test's timeout fails it)."""

@@ -23,8 +23,10 @@ its own clock when each last changed; the watch itself never touches the file
 system, so a hung one cannot stop it. A stalled worker's line names the worker(s)
 the run waits for: those not heard from during this run, those whose heartbeat
 stopped changing (a process frozen or a host gone), else those behind the others
-or outside the learner step and the agreement, else every worker (all wait inside
-a collective, or a device hangs).
+or outside the learner step and the agreement, else every worker: all are inside
+a learner step or the agreement, and which of them hangs in its own part of the
+step (a device, an op) rather than in a collective is not visible from outside the
+TensorFlow call; the line says so.
 """
 
 import json
@@ -298,8 +300,10 @@ def describe_waiting(beats: Dict[int, Optional[dict]], me: int,
         f'the run waits for learner worker {i} (at step {beats[i]["step"]}, in: '
         f'{beats[i]["phase"]})' for i in behind if i != me) or (
             'the other workers wait for this one')
-  return (f'every worker waits in a collective after step {lowest} ('
-          f'{LEARNER_STEP} or agreement): a collective or a device hangs')
+  return (f'every worker is in a collective phase after step {lowest} ('
+          f'{LEARNER_STEP} or agreement): one of them hangs inside its own step '
+          '(a device, an op) or a collective hangs; the heartbeats cannot tell '
+          'which (py-spy dump --pid on each worker shows where it is)')
 
 
 def _names(indices: List[int]) -> str:

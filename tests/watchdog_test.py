@@ -122,8 +122,10 @@ def _beat(step, phase, age=0.0):
      'metrics; its process is frozen or its host gone: pid 7 on h)'),
     ({0: _beat(3, watchdog.LEARNER_STEP), 1: _beat(3, watchdog.AGREEMENT),
       2: _beat(3, watchdog.LEARNER_STEP)},
-     'every worker waits in a collective after step 3 (learner step or '
-     'agreement): a collective or a device hangs'),
+     'every worker is in a collective phase after step 3 (learner step or '
+     'agreement): one of them hangs inside its own step (a device, an op) or a '
+     'collective hangs; the heartbeats cannot tell which (py-spy dump --pid on '
+     'each worker shows where it is)'),
     ({0: _beat(4, watchdog.AGREEMENT), 1: _beat(3, watchdog.LEARNER_STEP),
       2: _beat(4, watchdog.AGREEMENT)},
      'the run waits for learner worker 1 (at step 3, in: learner step)'),

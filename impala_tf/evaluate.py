@@ -58,7 +58,6 @@ if __name__ == '__main__':  # As a program only: importing changes no logging.
 # pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 from absl import app
 from absl import flags
-import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 

@@ -42,7 +42,6 @@ training code.
 import json
 import os
 import re
-import sys
 from typing import Dict, List, Optional, Sequence
 
 from absl import app

@@ -182,6 +182,9 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
       'trained_frames': count(tf.ones_like(replayed)),
       'policy_lag_sum': tf.reduce_sum(lag),
       'num_unrolls': tf.cast(tf.size(lag), tf.float32),
+      # 1 on a replica whose shard is empty: a learner worker whose data ended
+      # gets empty shards from the distributed iterator (the learner skips it).
+      'empty_shards': tf.cast(tf.equal(tf.size(lag), 0), tf.float32),
   }
   diags = dict(diags, **extra)
   popart_stats = None if popart is None else (new_stats, old_mu, old_sigma)

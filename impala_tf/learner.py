@@ -13,6 +13,10 @@ An update whose all-reduced loss or gradient norm is not finite is skipped in th
 graph (`tf.cond` in the optimizer: weights, slots and the optimizer's `iterations`
 unchanged; the same branch on every replica); the step still counts. The counters
 `nonfinite_updates` (in all) and `nonfinite_streak` (in a row) follow it.
+An update is skipped the same way when a replica's shard is empty: the
+distributed iterator gives a learner worker whose data ended empty shards, and
+the other workers' data alone is not the batch the run asked for (the workers'
+agreement then stops the run naming that worker).
 
 With PopArt (`config.popart`) each step first computes the V-trace targets with the
 current statistics, moves the statistics towards the targets' moments over the whole
@@ -163,6 +167,8 @@ class Learner(tf.Module):
       first use, `nonfinite` (1.0 when this update was skipped because the
       all-reduced loss or gradient norm was not finite, else 0.0),
       `nonfinite_streak` (float32, skipped updates in a row up to this one),
+      `empty_shards` (the replicas whose shard was empty: the update was
+      skipped, as for `nonfinite`, but the streak is not counted),
       `grad_clipped` (1.0 when the norm exceeded grad_clip), with
       `loss_term_grad_norms` `grad_norm_policy`, `grad_norm_baseline` and
       `grad_norm_entropy` (norms of each weighted term's all-reduced gradient),
@@ -289,15 +295,18 @@ class Learner(tf.Module):
     # every replica takes the same branch.
     finite = tf.logical_and(tf.math.is_finite(grad_norm),
                             tf.math.is_finite(diags['loss']))
+    # A replica with an empty shard (a worker whose data ended) skips it too: the
+    # rest of the batch is not the batch the run asked for.
+    apply = tf.logical_and(finite, tf.equal(diags['empty_shards'], 0.0))
     if popart is not None:
       diags.update(popart_lib.apply_update(
-          ctx, popart, self.network.baseline_head, *popart_stats, finite))
+          ctx, popart, self.network.baseline_head, *popart_stats, apply))
     if c.grad_clip > 0:
       grads, _ = tf.clip_by_global_norm(grads, c.grad_clip, use_norm=grad_norm)
       diags['grad_clipped'] = tf.cast(grad_norm > c.grad_clip, tf.float32)
     else:
       diags['grad_clipped'] = tf.zeros([], tf.float32)
-    self.optimizer.apply_gradients(zip(grads, variables), condition=finite)
+    self.optimizer.apply_gradients(zip(grads, variables), condition=apply)
     diags['nonfinite'] = 1.0 - tf.cast(finite, tf.float32)
     diags['grad_norm'] = grad_norm
     diags['entropy_cost'] = tf.cast(self._entropy_cost(self.consumed_frames),

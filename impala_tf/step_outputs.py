@@ -14,7 +14,8 @@ import tensorflow as tf
 
 # Step outputs that `Learner.step_from_iterator` sums over the steps of one call.
 SUMMED = ('policy_lag_sum', 'num_unrolls', 'fresh_frames', 'replayed_frames',
-          'trained_frames', 'grad_clipped', 'nonfinite', 'data_wait_seconds')
+          'trained_frames', 'grad_clipped', 'nonfinite', 'empty_shards',
+          'data_wait_seconds')
 
 
 class Packed:

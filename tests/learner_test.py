@@ -464,6 +464,32 @@ def test_learner_applies_reward_clipping():
 
 
 @pytest.mark.parametrize('popart', [False, True])
+def test_a_step_with_an_empty_shard_trains_nothing(popart):
+  # A learner worker whose data ended gets empty shards from the distributed
+  # iterator; the other workers' data alone must not make an update (with
+  # Adam's momentum from the step before, a zero gradient still moves weights).
+  cfg = _config(optimizer='adam', learning_rate=0.01, popart=popart)
+  learner = _make_learner(cfg)
+  good = make_batch(seed=4)
+  out = learner.step(_shards(learner, good))
+  assert float(out['empty_shards']) == 0
+  state = lambda: [v.numpy().copy() for v in
+                   list(learner.network.variables) + list(learner.optimizer.variables)]
+  before = state()
+  empty = {k: v[:0] for k, v in good.items()}
+  empty['reuse'] = np.zeros([0], np.int32)
+  out = learner.step(_shards(learner, empty))
+  assert float(out['empty_shards']) == 1.0
+  assert float(out['nonfinite']) == 0.0
+  for a, b in zip(before, state()):
+    np.testing.assert_array_equal(a, b)
+  assert int(learner.optimizer.iterations.numpy()) == 1
+  out = learner.step(_shards(learner, good))
+  assert float(out['empty_shards']) == 0
+  assert int(learner.optimizer.iterations.numpy()) == 2
+
+
+@pytest.mark.parametrize('popart', [False, True])
 def test_non_finite_update_is_skipped_and_counted(popart):
   # With PopArt the statistics and the value head stay as they are too.
   cfg = _config(optimizer='adam', learning_rate=0.01, popart=popart)

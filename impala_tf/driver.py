@@ -58,13 +58,14 @@ from impala_tf import saved_policy
 from impala_tf import watchdog as watchdog_lib
 
 
-# Errors of a collective whose peer worker may be gone (`is_peer_loss` decides).
-_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                tf.errors.CancelledError, tf.errors.AbortedError,
-                tf.errors.InternalError)
-# Words of an InternalError that a lost peer raises (a collective or its
-# transport); any other InternalError (an NCCL or XLA fault of this worker) is
-# this worker's own error.
+# Errors of a collective's transport: a peer worker that stopped answering.
+_TRANSPORT_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
+# Errors that a lost peer raises only with words naming a collective or its
+# transport ("Collective ops is aborted by: ... task:1 ..."); without them a
+# Cancelled, Aborted or Internal error is this worker's own (an NCCL or XLA fault,
+# a cancelled op of its own).
+_WORDED_ERRORS = (tf.errors.CancelledError, tf.errors.AbortedError,
+                  tf.errors.InternalError)
 _PEER_WORDS = ('collective', 'peer', 'remote', 'socket', 'connect', 'unavailable',
                '/job:worker/replica:0/task:')
 
@@ -72,14 +73,15 @@ _PEER_WORDS = ('collective', 'peer', 'remote', 'socket', 'connect', 'unavailable
 def is_peer_loss(error: BaseException) -> bool:
   """Whether a learner step's error means another learner worker is gone.
 
-  Unavailable, DeadlineExceeded, Cancelled and Aborted are how TensorFlow's
-  collectives fail when a peer stops answering; an InternalError only when it
-  names a collective or its transport.
+  Unavailable and DeadlineExceeded are how TensorFlow's collectives fail when a
+  peer stops answering (a worker killed with SIGKILL: `UnavailableError:
+  Collective ops is aborted by: ... /job:worker/task:1 ...`); a Cancelled, Aborted
+  or Internal error only when it names a collective or its transport.
   """
-  if isinstance(error, tf.errors.InternalError):
+  if isinstance(error, _WORDED_ERRORS):
     text = str(error).lower()
     return any(w in text for w in _PEER_WORDS)
-  return isinstance(error, _PEER_ERRORS)
+  return isinstance(error, _TRANSPORT_ERRORS)
 
 
 # Seconds a stop request waits for the learner loop to reach the end of its reuse
@@ -462,7 +464,7 @@ class _Run:
       logging.info('Interrupted: stopping actors and writing a final checkpoint.')
     except actor_pool.ActorPoolError as e:
       self.pool.fail(e)
-    except _PEER_ERRORS as e:
+    except _TRANSPORT_ERRORS + _WORDED_ERRORS as e:
       if not self.multi:
         raise
       if is_peer_loss(e):

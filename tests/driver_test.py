@@ -676,6 +676,8 @@ if __name__ == '__main__':
     (tf.errors.InternalError(None, None, 'Collective ops is aborted by: peer'), True),
     (tf.errors.InternalError(None, None, 'NCCL error: unhandled cuda error'), False),
     (tf.errors.InternalError(None, None, 'XLA compilation failed'), False),
+    (tf.errors.CancelledError(None, None, 'Operation was cancelled'), False),
+    (tf.errors.AbortedError(None, None, 'NCCL communicator was aborted'), False),
     (ValueError('no'), False),
 ])
 def test_only_errors_of_a_lost_peer_are_read_as_one(error, lost):

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from flags_test import BAD_INPUTS
+from impala_tf import checkpoints
 from impala_tf import distribute
 from impala_tf import flags as flags_lib
 from impala_tf import rundir
@@ -132,6 +133,16 @@ def _checkpoint_values(path):
   }
 
 
+def _newest_readable_checkpoint(directory):
+  """`(prefix, _checkpoint_values(prefix))` of the newest checkpoint that reads."""
+  for path in checkpoints.checkpoint_candidates(directory):
+    try:
+      return path, _checkpoint_values(path)
+    except Exception:  # pylint: disable=broad-except
+      continue  # Half-written by the killed run: the restore skips it too.
+  raise AssertionError(f'no readable checkpoint in {os.listdir(directory)}')
+
+
 # --- bad command lines ------------------------------------------------------------
 
 
@@ -196,9 +207,13 @@ def test_resume_after_sigkill_continues_counters_and_optimizer(tmp_path):
   assert proc.returncode == -signal.SIGKILL
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  ckpt = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
-  assert ckpt, os.listdir(os.path.join(logdir, 'checkpoints'))
-  saved = _checkpoint_values(ckpt)
+  # What the design promises: the resume takes the newest readable checkpoint on
+  # disk, also a complete ckpt-N that the `checkpoint` index did not name yet when
+  # the kill came (one timing under load); a half-written one is skipped.
+  ckpt, saved = _newest_readable_checkpoint(os.path.join(logdir, 'checkpoints'))
+  listed = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+  number = lambda prefix: int(re.search(r'-(\d+)$', prefix).group(1))
+  assert listed and number(ckpt) >= number(listed), (ckpt, listed)
   assert saved['learner_steps'] >= 1 and saved['env_frames'] > 0
   assert saved['iterations'] == saved['learner_steps']
   _assert_learner_restores_optimizer_slots(logdir, ckpt, saved['reader'])

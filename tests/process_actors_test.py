@@ -142,7 +142,10 @@ def test_a_killed_child_is_replaced_and_counted():
   assert not [p for p in pids if testing.process_alive(p)]
 
 
-def test_a_crashing_env_fails_the_pool_in_one_line():
+def test_a_crashing_env_fails_the_pool_in_one_line(monkeypatch):
+  # The backoff's own timing is test_replacements_back_off_...'s; here its 1 + 2 +
+  # 4 + 8 s before the fifth death would only be waited out.
+  monkeypatch.setattr(actor_pool, 'RESTART_BACKOFF_SECS', 0.05)
   pool, _, _, stop, weights = _pool(env=testing.faulty_id('raise'))
   pool.start(0, weights)
   assert stop.wait(timeout=120)

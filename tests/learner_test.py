@@ -463,6 +463,12 @@ def test_learner_applies_reward_clipping():
   assert abs(results[0][0] - results[2][0]) > 1e-3
 
 
+def _learner_state(learner):
+  """Copies of the network's and the optimizer's variables (numpy)."""
+  return [v.numpy().copy() for v in
+          list(learner.network.variables) + list(learner.optimizer.variables)]
+
+
 @pytest.mark.parametrize('popart', [False, True])
 def test_a_step_with_an_empty_shard_trains_nothing(popart):
   # A learner worker whose data ended gets empty shards from the distributed
@@ -473,8 +479,7 @@ def test_a_step_with_an_empty_shard_trains_nothing(popart):
   good = make_batch(seed=4)
   out = learner.step(_shards(learner, good))
   assert float(out['empty_shards']) == 0
-  state = lambda: [v.numpy().copy() for v in
-                   list(learner.network.variables) + list(learner.optimizer.variables)]
+  state = lambda: _learner_state(learner)
   before = state()
   empty = {k: v[:0] for k, v in good.items()}
   empty['reuse'] = np.zeros([0], np.int32)
@@ -497,8 +502,7 @@ def test_non_finite_update_is_skipped_and_counted(popart):
   good = make_batch(seed=4)
   out = learner.step(_shards(learner, good))
   assert float(out['nonfinite']) == 0 and float(out['nonfinite_streak']) == 0
-  state = lambda: [v.numpy().copy() for v in
-                   list(learner.network.variables) + list(learner.optimizer.variables)]
+  state = lambda: _learner_state(learner)
   before = state()
   for i, bad_value in enumerate([np.nan, np.inf]):
     bad = make_batch(seed=5)

@@ -22,6 +22,8 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
 * `--mark=FRAMES:RETURN:TEXT` (repeated) draws a reference point, e.g. another
   package's published result (`--mark=20e6:18:RLlib tuned IMPALA`), as a marker
   at FRAMES env frames (`--x=frames` only) and RETURN, named TEXT in the legend.
+* `--legend=outside` puts the legend right of the axes on a wider figure (1000 x
+  450 pixels instead of 700 x 400), where many entries would hide the curves.
 * The title names the env and the frames (`PongNoFrameskip-v4, 11.2M env
   frames`); `--title` replaces it. `--env` names the env of runs without a
   config.json.
@@ -78,6 +80,9 @@ class PlotError(ValueError):
   """A run cannot be read or drawn; the message is one line."""
 
 
+LEGENDS = ('inside', 'outside')
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the plot flags (not at import: importing defines no flags)."""
   def define(fn, name, *args, **kwargs):
@@ -101,6 +106,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   define(flags.DEFINE_multi_string, 'mark', None,
          'A reference point FRAMES:RETURN:TEXT (repeat for more), drawn as a '
          'marker named TEXT, e.g. 20e6:18:RLlib tuned IMPALA. Needs --x=frames.')
+  define(flags.DEFINE_enum, 'legend', 'inside', list(LEGENDS),
+         'Where the legend goes: inside the axes (700 x 400 pixels), or outside, '
+         'right of them (1000 x 450 pixels), for many lines and marks.')
   define(flags.DEFINE_multi_string, 'label', None,
          'Legend name of a line; repeat it, one per line in the order of the '
          'arguments (repeated seeds of the same flags are one line).')
@@ -269,7 +277,8 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
          random: object = 'auto', target: Optional[float] = None,
          title: Optional[str] = None, env: Optional[str] = None,
          labels: Optional[Sequence[str]] = None,
-         marks: Optional[Sequence[str]] = None) -> Dict[str, object]:
+         marks: Optional[Sequence[str]] = None,
+         legend: str = 'inside') -> Dict[str, object]:
   """Draws the return curves of `paths` into the PNG `output`; see the module doc.
 
   Args:
@@ -282,6 +291,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     env: the env id of runs without config.json.
     labels: the legend names of the lines (one per line), or None.
     marks: reference points 'FRAMES:RETURN:TEXT' (see the module docstring).
+    legend: 'inside' or 'outside' (right of the axes, on a wider figure).
 
   Returns:
     The summary dict (the module docstring lists its keys).
@@ -293,6 +303,8 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     raise PlotError('give at least one run directory or metrics.jsonl')
   if x not in X_AXES:
     raise PlotError(f'--x={x}: must be one of {", ".join(X_AXES)}')
+  if legend not in LEGENDS:
+    raise PlotError(f'--legend={legend}: must be one of {", ".join(LEGENDS)}')
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use('Agg')
@@ -331,7 +343,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   if title is None:
     title = f"{', '.join(envs) or 'impala_tf'}, {_frames_text(frames)} env frames"
 
-  fig, ax = plt.subplots(figsize=(7, 4))
+  fig, ax = plt.subplots(figsize=(10, 4.5) if legend == 'outside' else (7, 4))
   if x == 'hours':
     scale, xlabel = 1.0, 'wall-clock hours'
   elif frames >= 1e6:
@@ -373,7 +385,11 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   ax.set_ylabel('mean return, last 100 episodes')
   ax.set_title(title)
   ax.grid(alpha=0.3)
-  ax.legend()
+  if legend == 'outside':
+    ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize='small',
+              borderaxespad=0.0)
+  else:
+    ax.legend()
   fig.tight_layout()
   fig.savefig(output, dpi=100, format='png')
   plt.close(fig)
@@ -413,7 +429,8 @@ def main(argv):
     flags_lib.exit_with_error('--output is required: the PNG to write', PROG)
   try:
     summary = plot(paths, fv.output, x=fv.x, random=fv.random, target=fv.target,
-                   title=fv.title, env=fv.env, labels=fv.label, marks=fv.mark)
+                   title=fv.title, env=fv.env, labels=fv.label, marks=fv.mark,
+                   legend=fv.legend)
   except PlotError as e:
     flags_lib.exit_with_error(str(e), PROG)
   print(json.dumps(summary, sort_keys=True), flush=True)

@@ -127,6 +127,17 @@ def test_marks_are_drawn_and_summarised(runs, tmp_path):
     plot.plot([other], out, x='hours', marks=['1:1:x'])
 
 
+def test_legend_outside_widens_the_figure_and_bad_values_are_one_error(runs,
+                                                                        tmp_path):
+  _, _, other = runs
+  out = str(tmp_path / 'outside.png')
+  plot.plot([other], out, marks=['20e6:18:RLlib tuned IMPALA'], legend='outside')
+  assert _png_shape(out)[:2] == (450, 1000)
+  with pytest.raises(plot.PlotError,
+                     match='^--legend=left: must be one of inside, outside$'):
+    plot.plot([other], out, legend='left')
+
+
 def test_random_scores_by_game_name():
   assert plot._random_score('PongNoFrameskip-v4') == -20.7
   assert plot._random_score('ALE/Pong-v5') == -20.7

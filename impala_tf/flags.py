@@ -39,11 +39,12 @@ import math
 import os
 import re
 import sys
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags as absl_flags
 
 from impala_tf import config as config_lib
+from impala_tf import env_defaults
 from impala_tf import errors
 
 FLAGS = absl_flags.FLAGS
@@ -263,6 +264,29 @@ def config_from_flags(
       value = tuple(value)
     values[spec.name] = value
   return config_lib.Config(**values)
+
+
+def config_for_env_from_flags(
+    flag_values: absl_flags.FlagValues = FLAGS
+) -> Tuple[config_lib.Config, Dict[str, object]]:
+  """The Config of `config_from_flags` with its env's recorded settings applied.
+
+  `env_defaults.ENV_DEFAULTS`' entry for `--env` sets each field whose flag was not
+  given (on the command line or in a flagfile: absl's `present`).
+
+  Args:
+    flag_values: parsed FlagValues on which `define_flags` was called.
+
+  Returns:
+    (the Config, {field: value} of the settings applied; {} when none were).
+
+  Raises:
+    ConfigError: from Config validation, naming the field (= the flag).
+  """
+  config = config_from_flags(flag_values)
+  given = {name for name in env_defaults.defaults_for(config.env)
+           if flag_values[name].present}
+  return env_defaults.apply(config, given)
 
 
 def prog_name(argv: Optional[Sequence[str]] = None) -> str:
@@ -495,8 +519,31 @@ def generate_docs() -> str:
           f'| `--{spec.name}` | {_format_type(spec)} | '
           f'`{_md_cell(_format_default(spec))}` | {_md_cell(spec.help)} |')
     lines.append('')
+  lines += _env_defaults_table()
   lines += _LOSS_REDUCTION_NOTES
   return '\n'.join(lines)
+
+
+def _env_defaults_table() -> List[str]:
+  """docs/flags.md's "Settings per environment", from env_defaults."""
+  lines = [
+      '## Settings per environment',
+      '',
+      'The defaults above were chosen on CartPole-v1. An env listed here gets these '
+      'values instead when `python -m impala_tf.train --env=ID` is given no flag '
+      'for them (a flag given, also in a `--flagfile`, wins); the trainer says so '
+      'in one line, and `config.json` records what the run used. From Python, '
+      '`impala_tf.env_defaults.config_for(env, **fields)` builds the same Config '
+      '(`impala_tf.Config` itself does not look at this table).',
+      '',
+      '| Env | Settings | Why |',
+      '|---|---|---|',
+  ]
+  for env, settings in env_defaults.ENV_DEFAULTS.items():
+    values = ' '.join(f'`--{k}={v}`' for k, v in settings.items())
+    lines.append(f'| `{env}` | {values} | '
+                 f'{_md_cell(env_defaults.REASONS[env])} |')
+  return lines + ['']
 
 
 _LOSS_REDUCTION_NOTES = [

@@ -33,6 +33,7 @@ from absl import flags
 from absl import logging
 
 from impala_tf import config as config_lib
+from impala_tf import env_defaults
 from impala_tf import flags as flags_lib
 from impala_tf import quiet
 
@@ -47,7 +48,11 @@ def validated_config() -> config_lib.Config:
   """Config from FLAGS, with the env id, logdir and GPUs checked. Exits 2 when
   invalid."""
   def build():
-    cfg = flags_lib.config_from_flags(FLAGS)
+    # The env's recorded settings under the flags given (env_defaults).
+    cfg, applied = flags_lib.config_for_env_from_flags(FLAGS)
+    if applied and not os.environ.get('IMPALA_TF_LAUNCHED_WORKER'):
+      print(f'{PROG}: {env_defaults.describe(cfg.env, applied)}', file=sys.stderr,
+            flush=True)
     from impala_tf import environments  # pylint: disable=g-import-not-at-top
     environments.check_env_id(cfg.env)
     from impala_tf import rundir  # pylint: disable=g-import-not-at-top

@@ -399,6 +399,24 @@ def test_logdir_that_is_a_file_is_refused_with_one_line(tmp_path):
 
 
 @pytest.mark.e2e
+def test_an_envs_recorded_settings_are_said_in_one_line_under_the_flags_given(
+    tmp_path):
+  # A logdir that is a file stops the run right after the Config is built (no
+  # TensorFlow import): the settings line comes before the error.
+  path = tmp_path / 'run'
+  path.write_text('not a directory')
+  result = _run(['--env=Acrobot-v1', '--lr_schedule=linear', f'--logdir={path}'])
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = _own_stderr_lines(result.stderr)
+  assert lines[0] == (
+      f'{PROG}: Acrobot-v1: its recorded settings --entropy_cost_schedule=constant '
+      '--total_environment_frames=500000 (docs/flags.md, "Settings per '
+      'environment"; a flag you give wins)'), lines
+  assert lines[1].startswith(f'{PROG}: error: --logdir={path}: is a file'), lines
+  assert len(lines) == 2, lines
+
+
+@pytest.mark.e2e
 def test_hung_async_env_is_restarted(tmp_path):
   from impala_tf import testing as testing_lib  # pylint: disable=g-import-not-at-top
   tokens = testing_lib.fault_tokens(str(tmp_path / 'tokens'), 1)

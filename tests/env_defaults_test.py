@@ -1,0 +1,76 @@
+"""Tests for impala_tf.env_defaults: the settings an env id brings, under the user's."""
+
+from absl import flags as absl_flags
+import pytest
+
+from impala_tf import config as config_lib
+from impala_tf import env_defaults
+from impala_tf import flags as flags_lib
+
+_FIELDS = {f.name for f in config_lib.Config.__dataclass_fields__.values()}
+
+
+def _parsed(*args):
+  flag_values = absl_flags.FlagValues()
+  flags_lib.define_flags(flag_values)
+  flag_values(['prog', *args])
+  return flag_values
+
+
+@pytest.mark.parametrize('env', sorted(env_defaults.ENV_DEFAULTS))
+def test_each_entry_is_valid_config_fields_with_a_reason(env):
+  settings = env_defaults.defaults_for(env)
+  assert settings and set(settings) <= _FIELDS, set(settings) - _FIELDS
+  config = env_defaults.config_for(env)  # Validates every value.
+  for field, value in settings.items():
+    assert getattr(config, field) == value, field
+    # An entry sets only what differs from the package's default.
+    assert getattr(config_lib.Config(), field) != value, field
+  assert env_defaults.REASONS[env]
+  assert set(env_defaults.REASONS) == set(env_defaults.ENV_DEFAULTS)
+
+
+def test_acrobot_gets_its_settings_and_a_given_field_wins():
+  config = env_defaults.config_for('Acrobot-v1', lr_schedule='linear', seed=3)
+  assert config.lr_schedule == 'linear'  # Given: kept.
+  assert config.entropy_cost_schedule == 'constant'
+  assert config.total_environment_frames == 500_000
+  assert config.seed == 3
+
+
+def test_an_env_without_an_entry_keeps_the_package_defaults():
+  config = config_lib.Config(env='CartPole-v1', seed=1)
+  same, applied = env_defaults.apply(config)
+  assert same is config and applied == {}
+  assert env_defaults.config_for('CartPole-v1', seed=1) == config
+
+
+def test_flags_given_win_also_when_they_equal_the_package_default():
+  # --total_environment_frames=1000000 is the package's default, given on purpose.
+  config, applied = flags_lib.config_for_env_from_flags(_parsed(
+      '--env=Acrobot-v1', '--total_environment_frames=1000000',
+      '--lr_schedule=linear'))
+  assert config.total_environment_frames == 1_000_000
+  assert config.lr_schedule == 'linear'
+  assert config.entropy_cost_schedule == 'constant'
+  assert applied == {'entropy_cost_schedule': 'constant'}
+
+
+def test_flags_not_given_take_the_entry():
+  config, applied = flags_lib.config_for_env_from_flags(_parsed('--env=Acrobot-v1'))
+  assert applied == env_defaults.defaults_for('Acrobot-v1')
+  assert config == env_defaults.config_for('Acrobot-v1')
+  line = env_defaults.describe('Acrobot-v1', applied)
+  assert line.startswith('Acrobot-v1: its recorded settings --lr_schedule=constant '
+                         '--entropy_cost_schedule=constant '
+                         '--total_environment_frames=500000 ')
+  assert '\n' not in line
+
+
+def test_a_flag_in_a_flagfile_counts_as_given(tmp_path):
+  flagfile = tmp_path / 'acrobot.cfg'
+  flagfile.write_text('--env=Acrobot-v1\n--entropy_cost_schedule=linear\n')
+  config, applied = flags_lib.config_for_env_from_flags(
+      _parsed(f'--flagfile={flagfile}'))
+  assert config.entropy_cost_schedule == 'linear'
+  assert applied == {'lr_schedule': 'constant', 'total_environment_frames': 500_000}

@@ -25,23 +25,21 @@ from impala_tf import config as config_lib
 
 # Env id -> {Config field: value}, each entry with the measurement behind it.
 ENV_DEFAULTS: Mapping[str, Mapping[str, object]] = {
-    # Random play reaches Acrobot's goal in about 2.5% of episodes, so the first
-    # returns that say anything come after ~100k frames; the package's schedules
-    # have cut the learning rate (0.25x at 20% of the run) and the entropy bonus
-    # (0 at 20%) by then, and 2 of 5 unseen seeds never left -500 with them. With
-    # both constant the policy keeps moving until the goal is found; the goal is
-    # found within ~150k frames, so 500k frames are the budget.
+    # A run learns once its policy first reaches the goal, which takes from ~50k
+    # to ~500k frames, by chance (two runs of one seed differ). The package's
+    # schedules have cut the learning rate (0.25x at 20% of the run) and the
+    # entropy bonus (0 at 20%) by 200k frames, so a late first goal was never
+    # learned from; with both constant it is, within the package's 1M frames.
     'Acrobot-v1': {
         'lr_schedule': 'constant',
         'entropy_cost_schedule': 'constant',
-        'total_environment_frames': 500_000,
     },
 }
 
 # Why each entry exists, one line each (docs/flags.md's table).
 REASONS: Mapping[str, str] = {
-    'Acrobot-v1': ('the goal is first reached after ~100k frames of random play: '
-                   'the learning rate and entropy bonus must not fall before it '
+    'Acrobot-v1': ('a run first reaches the goal after 50k-500k frames, by chance: '
+                   'the learning rate and entropy bonus must not have fallen by then '
                    '(docs/benchmarks.md, "Does Acrobot-v1 learn with the defaults?")'),
 }
 

@@ -34,8 +34,8 @@ def test_acrobot_gets_its_settings_and_a_given_field_wins():
   config = env_defaults.config_for('Acrobot-v1', lr_schedule='linear', seed=3)
   assert config.lr_schedule == 'linear'  # Given: kept.
   assert config.entropy_cost_schedule == 'constant'
-  assert config.total_environment_frames == 500_000
   assert config.seed == 3
+  assert config.total_environment_frames == 1_000_000  # Not in the entry.
 
 
 def test_an_env_without_an_entry_keeps_the_package_defaults():
@@ -46,12 +46,12 @@ def test_an_env_without_an_entry_keeps_the_package_defaults():
 
 
 def test_flags_given_win_also_when_they_equal_the_package_default():
-  # --total_environment_frames=1000000 is the package's default, given on purpose.
+  # --lr_schedule=0%:1x,20%:0.25x,50%:0.05x,100%:0x is the package's default,
+  # given on purpose.
+  default = config_lib.Config().lr_schedule
   config, applied = flags_lib.config_for_env_from_flags(_parsed(
-      '--env=Acrobot-v1', '--total_environment_frames=1000000',
-      '--lr_schedule=linear'))
-  assert config.total_environment_frames == 1_000_000
-  assert config.lr_schedule == 'linear'
+      '--env=Acrobot-v1', f'--lr_schedule={default}'))
+  assert config.lr_schedule == default
   assert config.entropy_cost_schedule == 'constant'
   assert applied == {'entropy_cost_schedule': 'constant'}
 
@@ -62,8 +62,7 @@ def test_flags_not_given_take_the_entry():
   assert config == env_defaults.config_for('Acrobot-v1')
   line = env_defaults.describe('Acrobot-v1', applied)
   assert line.startswith('Acrobot-v1: its recorded settings --lr_schedule=constant '
-                         '--entropy_cost_schedule=constant '
-                         '--total_environment_frames=500000 ')
+                         '--entropy_cost_schedule=constant (')
   assert '\n' not in line
 
 
@@ -73,4 +72,4 @@ def test_a_flag_in_a_flagfile_counts_as_given(tmp_path):
   config, applied = flags_lib.config_for_env_from_flags(
       _parsed(f'--flagfile={flagfile}'))
   assert config.entropy_cost_schedule == 'linear'
-  assert applied == {'lr_schedule': 'constant', 'total_environment_frames': 500_000}
+  assert applied == {'lr_schedule': 'constant'}

@@ -687,6 +687,8 @@ _TOWER_SCRIPT = textwrap.dedent(r"""
     import gymnasium as gym
     import numpy as np
     import tensorflow as tf
+    # As in the test process (tests/conftest.py): 14 learners are traced here.
+    tf.config.optimizer.set_experimental_options({'disable_meta_optimizer': True})
     from impala_tf import config as config_lib
     from impala_tf import data
     from impala_tf import learner as learner_lib

@@ -138,7 +138,7 @@ def test_actors_act_only_when_the_learner_queue_has_room(local_ray):
     assert pool.get_chunk() is not None  # The actors are up.
     version = 0
     for _ in range(12):
-      time.sleep(1.0)  # The learner's step: the actors have long finished.
+      time.sleep(0.5)  # The learner's step: the actors have long finished.
       chunk = pool.get_chunk()
       lags.append(version - int(chunk['policy_version'][0]))
       version += 1

@@ -410,8 +410,7 @@ def test_an_envs_recorded_settings_are_said_in_one_line_under_the_flags_given(
   lines = _own_stderr_lines(result.stderr)
   assert lines[0] == (
       f'{PROG}: Acrobot-v1: its recorded settings --entropy_cost_schedule=constant '
-      '--total_environment_frames=500000 (docs/flags.md, "Settings per '
-      'environment"; a flag you give wins)'), lines
+      '(docs/flags.md, "Settings per environment"; a flag you give wins)'), lines
   assert lines[1].startswith(f'{PROG}: error: --logdir={path}: is a file'), lines
   assert len(lines) == 2, lines
 

@@ -339,9 +339,7 @@ def restore_network(logdir: str, checkpoint: Optional[str] = None
   directory = os.path.join(logdir, rundir.CHECKPOINT_SUBDIR)
   paths = [checkpoint] if checkpoint else checkpoint_candidates(directory)
   if not paths:
-    raise rundir.RunDirError(
-        f'--logdir={logdir}: has no checkpoint in {rundir.CHECKPOINT_SUBDIR}/ '
-        '(a run writes one every --checkpoint_interval_secs and when it stops)')
+    raise rundir.no_checkpoint_error(logdir)
   network = build_network(config)
   errors = []
   for path in paths:

@@ -37,8 +37,9 @@ also for a run on EnvPool, which renders no frames: the observations are the sam
 The JSON line then has `video`, `video_frames` and `video_fps`.
 
 Errors (no logdir, no config.json, no checkpoint or SavedModel, a bad flag, a
-missing video encoder) end the program with exit status 2 and one line on stderr. TensorFlow's own start-up logs are
-off unless TF_CPP_MIN_LOG_LEVEL is set or
+missing video encoder) end the program with exit status 2 and one line on stderr;
+all but an unreadable checkpoint are found before TensorFlow is imported, in about a
+second. TensorFlow's own start-up logs are off unless TF_CPP_MIN_LOG_LEVEL is set or
 `--verbosity=1` is passed (`impala_tf.quiet`).
 """
 
@@ -49,25 +50,16 @@ import os
 import sys
 from typing import Dict, Optional
 
-from impala_tf import quiet
-
-if __name__ == '__main__':  # As a program only: importing changes no logging.
-  # Before TensorFlow is imported (below).
-  quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
-
-# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 from absl import app
 from absl import flags
 import numpy as np
-import tensorflow as tf
 
-from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import environments
 from impala_tf import episodes
 from impala_tf import flags as flags_lib
+from impala_tf import quiet
 from impala_tf import rundir
-from impala_tf import types
 
 PROG = 'impala_tf.evaluate'
 SOURCES = ('checkpoint', 'saved_model')
@@ -105,55 +97,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
          'Also record the first episode to this file (.mp4, or .gif): the env\'s '
          'own RGB frames at its frame rate, the return on the last frame. Plays '
          "on gymnasium's env. Needs the video extra: " + VIDEO_INSTALL_HINT + '.')
-
-
-class _CheckpointPolicy:
-  """The network restored from a checkpoint; returns logits and the new state."""
-
-  def __init__(self, network):
-    self._network = network
-    self._step = tf.function(self._step_fn)
-    self.num_actions = network.num_actions
-
-  def _step_fn(self, observation, prev_action, reward, first, state):
-    out, new_state = self._network.step(
-        types.AgentInput(observation, prev_action, reward, first), state)
-    return out.policy_logits, new_state
-
-  def initial_state(self, batch_size: int):
-    return self._network.initial_state(batch_size)
-
-  def __call__(self, observation, prev_action, reward, first, state):
-    logits, new_state = self._step(observation, prev_action, reward, first, state)
-    return logits.numpy(), new_state
-
-
-class _SavedModelPolicy:
-  """A SavedModel from `impala_tf.saved_policy.save_policy`, used through its signature."""
-
-  def __init__(self, path: str):
-    self._model = tf.saved_model.load(path)
-    self._fn = self._model.signatures['serving_default']
-    _, inputs = self._fn.structured_input_signature
-    self._state_specs = [inputs[k] for k in sorted(inputs)
-                         if k.startswith('core_state_')]
-    self._obs_dtype = inputs['observation'].dtype
-
-  def initial_state(self, batch_size: int):
-    return tuple(tf.zeros([batch_size, s.shape[-1]], s.dtype)
-                 for s in self._state_specs)
-
-  def __call__(self, observation, prev_action, reward, first, state):
-    kwargs = {'observation': tf.convert_to_tensor(observation, self._obs_dtype)}
-    if self._state_specs:
-      kwargs.update(prev_action=tf.constant(prev_action, tf.int32),
-                    reward=tf.constant(reward, tf.float32),
-                    first=tf.constant(first, tf.bool))
-      for i, s in enumerate(state):
-        kwargs[f'core_state_{i}'] = s
-    out = self._fn(**kwargs)
-    new_state = tuple(out[f'core_state_{i}'] for i in range(len(self._state_specs)))
-    return out['policy_logits'].numpy(), new_state
 
 
 def check_video_path(path: str) -> str:
@@ -273,6 +216,28 @@ class VideoWriter:
       self._writer = None
 
 
+def check_run_dir(logdir: str, source: str = 'checkpoint') -> None:
+  """Checks, without TensorFlow, that `logdir` has what `source` needs.
+
+  Raises:
+    rundir.RunDirError: no such directory, no config.json, no checkpoint files
+      (source 'checkpoint') or no SavedModel (source 'saved_model').
+    impala_tf.config.ConfigError: the run's env cannot be made here.
+  """
+  config = rundir.load_config(logdir)
+  if source == 'checkpoint':
+    if not rundir.has_checkpoint_files(logdir):
+      raise rundir.no_checkpoint_error(logdir)
+    return
+  environments.check_env_id(config.env)
+  path = os.path.join(logdir, rundir.SAVED_POLICY_SUBDIR)
+  if not os.path.isfile(os.path.join(path, 'saved_model.pb')):
+    raise rundir.RunDirError(
+        f'--logdir={logdir}: has no SavedModel in {rundir.SAVED_POLICY_SUBDIR}/ '
+        '(a run writes it when it ends; python -m impala_tf.export '
+        f'--logdir={logdir} writes it from the latest checkpoint)')
+
+
 def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
              source: str = 'checkpoint', seed: int = 0, num_envs: int = 0,
              env_backend: Optional[str] = None,
@@ -299,19 +264,18 @@ def evaluate(logdir: str, num_episodes: int = 10, greedy: bool = False,
   writer = None
   if video is not None:
     writer = VideoWriter(video)  # Checks the format and the encoder first.
+  check_run_dir(logdir, source)  # Before TensorFlow is imported (below).
+  # pylint: disable=g-import-not-at-top
+  from impala_tf import checkpoints
+  from impala_tf import policies
+  # pylint: enable=g-import-not-at-top
   if source == 'checkpoint':
     config, network, path = checkpoints.restore_network(logdir)
-    policy = _CheckpointPolicy(network)
+    policy = policies.NetworkPolicy(network)
   else:
     config = rundir.load_config(logdir)
-    environments.check_env_id(config.env)
     path = os.path.join(logdir, rundir.SAVED_POLICY_SUBDIR)
-    if not os.path.isfile(os.path.join(path, 'saved_model.pb')):
-      raise rundir.RunDirError(
-          f'--logdir={logdir}: has no SavedModel in {rundir.SAVED_POLICY_SUBDIR}/ '
-          '(a run writes it when it ends; python -m impala_tf.export '
-          f'--logdir={logdir} writes it from the latest checkpoint)')
-    policy = _SavedModelPolicy(path)
+    policy = policies.SavedModelPolicy(path)
   if env_backend is not None:
     config = dataclasses.replace(config, env_backend=env_backend)
   caption = None
@@ -347,6 +311,11 @@ def main(argv):
     os.environ.setdefault('SDL_AUDIODRIVER', 'dummy')
     os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
   try:
+    if fv.video:
+      check_video_path(fv.video)
+    check_run_dir(fv.logdir, fv.source)
+    # The inputs are checked: now TensorFlow is imported, quietly.
+    quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
     r = evaluate(fv.logdir, fv.num_episodes, greedy=fv.greedy, source=fv.source,
                  seed=fv.seed, num_envs=fv.num_envs, env_backend=fv.env_backend,
                  video=fv.video)

@@ -17,7 +17,7 @@ killed) into a network built from `logdir/config.json`, and writes the SavedMode
     python -m impala_tf.export --logdir=/tmp/impala_cartpole [--output=PATH]
 
 A missing directory, config.json or checkpoint ends it with exit status 2 and one
-line on stderr. TensorFlow's own start-up logs are off unless TF_CPP_MIN_LOG_LEVEL
+line on stderr, before TensorFlow is imported. TensorFlow's own start-up logs are off unless TF_CPP_MIN_LOG_LEVEL
 is set or `--verbosity=1` is passed (`impala_tf.quiet`).
 """
 
@@ -25,21 +25,13 @@ import os
 import sys
 from typing import Optional, Tuple
 
-from impala_tf import quiet
-
-if __name__ == '__main__':  # As a program only: importing changes no logging.
-  # Before TensorFlow is imported (by checkpoints).
-  quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
-
-# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 from absl import app
 from absl import flags
 
-from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import flags as flags_lib
+from impala_tf import quiet
 from impala_tf import rundir
-from impala_tf import saved_policy
 
 PROG = 'impala_tf.export'
 
@@ -59,6 +51,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                         flag_values=flag_values)
 
 
+def check_run_dir(logdir: str) -> None:
+  """Checks, without TensorFlow, that `logdir` has a config.json and a checkpoint.
+
+  Raises:
+    rundir.RunDirError: no such directory, no config.json or no checkpoint files.
+  """
+  rundir.load_config(logdir)
+  if not rundir.has_checkpoint_files(logdir):
+    raise rundir.no_checkpoint_error(logdir)
+
+
 def export_run(logdir: str, output: Optional[str] = None) -> Tuple[str, str]:
   """Restores the latest checkpoint of `logdir` and writes its SavedModel.
 
@@ -72,6 +75,11 @@ def export_run(logdir: str, output: Optional[str] = None) -> Tuple[str, str]:
   Raises:
     rundir.RunDirError: no config.json or no checkpoint.
   """
+  check_run_dir(logdir)  # Before TensorFlow is imported (below).
+  # pylint: disable=g-import-not-at-top
+  from impala_tf import checkpoints
+  from impala_tf import saved_policy
+  # pylint: enable=g-import-not-at-top
   _, network, path = checkpoints.restore_network(logdir)
   output = output or os.path.join(logdir, rundir.SAVED_POLICY_SUBDIR)
   saved_policy.save_policy(network, output)
@@ -85,6 +93,9 @@ def main(argv):
     flags_lib.exit_with_error('--logdir is required: the run directory to export',
                               PROG)
   try:
+    check_run_dir(fv.logdir)
+    # The inputs are checked: now TensorFlow is imported, quietly.
+    quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
     output, path = export_run(fv.logdir, fv.output)
   except rundir.RunDirError as e:
     flags_lib.exit_with_error(str(e), PROG)

@@ -36,42 +36,31 @@ from impala_tf import episodes
 from impala_tf import errors
 from impala_tf import networks
 from impala_tf import numpy_policy
-from impala_tf import types
+from impala_tf import policies
 
 # Seed offset of the evaluation envs (actor envs use seed + small offsets).
 EVAL_SEED_OFFSET = 7_919_000
 
 
 class _WeightsPolicy:
-  """A policy over published weights with `episodes.run_episodes`' interface."""
+  """A policy over published weights with `episodes.run_episodes`' interface:
+  numpy for an MLP network without a recurrent core, TensorFlow otherwise."""
 
   def __init__(self, network: networks.AgentNetwork):
-    self._network = network
     self._numpy = (numpy_policy.NumpyMLPPolicy(network)
                    if numpy_policy.NumpyMLPPolicy.supports(network) else None)
-    self._step = None if self._numpy else tf.function(self._step_fn,
-                                                      autograph=False)
-
-  def _step_fn(self, observation, prev_action, reward, first, state):
-    out, new_state = self._network.step(
-        types.AgentInput(observation, prev_action, reward, first), state)
-    return out.policy_logits, new_state
+    self._tf = None if self._numpy else policies.NetworkPolicy(network)
 
   def set_weights(self, weights: Sequence[np.ndarray]):
-    if self._numpy:
-      self._numpy.set_weights(weights)
-      return
-    for var, value in zip(self._network.variables, weights):
-      var.assign(value)
+    (self._numpy or self._tf).set_weights(weights)
 
   def initial_state(self, batch_size: int):
-    return () if self._numpy else self._network.initial_state(batch_size)
+    return () if self._numpy else self._tf.initial_state(batch_size)
 
   def __call__(self, observation, prev_action, reward, first, state):
     if self._numpy:
       return self._numpy(observation), state
-    logits, new_state = self._step(observation, prev_action, reward, first, state)
-    return logits.numpy(), new_state
+    return self._tf(observation, prev_action, reward, first, state)
 
 
 class PeriodicEvaluator:

@@ -426,6 +426,13 @@ def has_checkpoint_files(logdir: str) -> bool:
   return bool(glob.glob(os.path.join(glob.escape(directory), 'ckpt-*')))
 
 
+def no_checkpoint_error(logdir: str) -> RunDirError:
+  """The error for a run directory without a checkpoint (evaluate, export)."""
+  return RunDirError(
+      f'--logdir={logdir}: has no checkpoint in {CHECKPOINT_SUBDIR}/ '
+      '(a run writes one every --checkpoint_interval_secs and when it stops)')
+
+
 def check_resume(config: config_lib.Config, obs_space, action_space
                  ) -> List[Tuple[str, object, object]]:
   """Refuses to resume a run written with other shapes or another env.

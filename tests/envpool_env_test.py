@@ -405,7 +405,7 @@ def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
   from impala_tf import checkpoints
   from impala_tf import driver
   from impala_tf import episodes
-  from impala_tf import evaluate
+  from impala_tf import policies
   from impala_tf import testing
   logdir = str(tmp_path / 'run')
   caplog.set_level('INFO')
@@ -425,7 +425,7 @@ def test_checkpoint_from_one_backend_evaluates_on_the_other(tmp_path, caplog):
   assert logged[0].startswith('Training PongNoFrameskip-v4 on envpool: '), logged[:3]
   games = {}
   for backend in ('gymnasium', 'envpool'):
-    policy = _Recording(evaluate._CheckpointPolicy(network))  # pylint: disable=protected-access
+    policy = _Recording(policies.NetworkPolicy(network))
     # Sampled actions (seeded: the same draws on both) exercise more of the game
     # than this barely trained net's greedy action.
     result = episodes.run_episodes(config.replace(env_backend=backend), policy,

@@ -23,6 +23,7 @@ from impala_tf import envpool_env
 from impala_tf import episodes
 from impala_tf import evaluate
 from impala_tf import rundir
+from impala_tf import policies
 from impala_tf import testing
 
 import helpers
@@ -150,6 +151,25 @@ def test_cli_errors_are_one_line_exit_2(cli, case, message):
 
 
 @pytest.mark.e2e
+def test_cli_input_errors_come_before_tensorflow_is_imported(run, tmp_path):
+  no_checkpoint = tmp_path / 'no_checkpoint'
+  no_checkpoint.mkdir()
+  shutil.copy(os.path.join(run, 'config.json'), no_checkpoint)
+  cases = [
+      ([f'--logdir={tmp_path / "missing"}'], 'no such directory'),
+      ([f'--logdir={no_checkpoint}'], 'has no checkpoint'),
+      ([f'--logdir={run}', '--source=saved_model', '--video=x.avi'],
+       'must end in .mp4 or .gif'),
+      ([f'--logdir={run}', '--num_episodes=0'], '--num_episodes=0'),
+  ]
+  for args, message in cases:
+    code, tensorflow_imported, stderr = helpers.exit_without_tensorflow(
+        'impala_tf.evaluate', args)
+    assert code == 2 and message in stderr, (args, stderr[-2000:])
+    assert not tensorflow_imported, args
+
+
+@pytest.mark.e2e
 def test_library_errors_say_what_is_missing(run, tmp_path):
   with pytest.raises(rundir.RunDirError, match='no such directory'):
     evaluate.evaluate(str(tmp_path / 'missing'))
@@ -194,7 +214,7 @@ def test_library_evaluate_sources_agree(run, monkeypatch):
   np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
   # The comparison can fail: an untrained network of the run's shape differs.
   fresh = checkpoints.build_network(rundir.load_config(run))
-  untrained = _fixed_logits(evaluate._CheckpointPolicy(fresh))  # pylint: disable=protected-access
+  untrained = _fixed_logits(policies.NetworkPolicy(fresh))
   assert np.abs(untrained - logits[0]).max() > 1e-4
   with pytest.raises(ValueError, match='source=x'):
     evaluate.evaluate(run, source='x')

@@ -202,6 +202,18 @@ def test_export_run_errors_say_what_is_missing(runs, tmp_path):
   assert not (tmp_path / 'saved_policy').exists()
 
 
+@pytest.mark.e2e
+def test_cli_input_errors_come_before_tensorflow_is_imported(runs, tmp_path):
+  shutil.copy(os.path.join(runs['mlp'], 'config.json'), tmp_path)
+  for args, message in (([], '--logdir is required'),
+                        ([f'--logdir={tmp_path / "missing"}'], 'no such directory'),
+                        ([f'--logdir={tmp_path}'], 'has no checkpoint')):
+    code, tensorflow_imported, stderr = helpers.exit_without_tensorflow(
+        'impala_tf.export', args)
+    assert code == 2 and message in stderr, (args, stderr[-2000:])
+    assert not tensorflow_imported, args
+
+
 def test_export_defines_no_flags_on_import():
   from absl import flags  # pylint: disable=g-import-not-at-top
   assert 'output' not in flags.FLAGS

@@ -10,7 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from impala_tf import socket_audit
 
@@ -47,6 +47,31 @@ def run_python(args: Sequence[str], cwd=REPO, timeout: float = 180,
       p for p in (extra_path, str(REPO), env.get('PYTHONPATH')) if p)
   return subprocess.run([sys.executable, *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+_EXIT_PROBE = """
+import runpy, sys
+module = sys.argv[1]
+sys.argv = [module] + sys.argv[2:]
+try:
+  runpy.run_module(module, run_name='__main__', alter_sys=True)
+except SystemExit as e:
+  print('EXIT', e.code, 'tensorflow' in sys.modules)
+"""
+
+
+def exit_without_tensorflow(module: str, args: Sequence[str]) -> Tuple[int, bool, str]:
+  """Runs `python -m MODULE ARGS` as a program that is expected to exit.
+
+  Returns:
+    (its exit status, whether TensorFlow had been imported when it exited, its
+    stderr).
+  """
+  proc = run_python(['-c', _EXIT_PROBE, module, *args], timeout=120)
+  last = proc.stdout.strip().splitlines()[-1:] or ['']
+  assert last[0].startswith('EXIT '), proc.stdout[-2000:] + proc.stderr[-3000:]
+  _, code, imported = last[0].split()
+  return int(code), imported == 'True', proc.stderr
 
 
 def descendants(pid: int) -> List[int]:

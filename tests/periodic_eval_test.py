@@ -10,10 +10,10 @@ from impala_tf import config as config_lib
 from impala_tf import driver
 from impala_tf import environments
 from impala_tf import episodes
-from impala_tf import evaluate
 from impala_tf import metrics
 from impala_tf import networks
 from impala_tf import periodic_eval
+from impala_tf import policies
 from impala_tf import testing
 
 
@@ -43,7 +43,7 @@ def test_result_equals_evaluate_run_episodes_of_the_same_weights(use_lstm):
     got = _wait_for_result(evaluator)
   finally:
     evaluator.close()
-  want = episodes.run_episodes(cfg, evaluate._CheckpointPolicy(net), 3,
+  want = episodes.run_episodes(cfg, policies.NetworkPolicy(net), 3,
                                greedy=True,
                                seed=cfg.seed + periodic_eval.EVAL_SEED_OFFSET)
   assert got['eval_episodes'] == 3 and got['eval_env_frames'] == 130

@@ -167,6 +167,10 @@ from impala_tf import quiet
 result = {}
 if sys.argv[1] == 'import_entry_points':
   import impala_tf.evaluate, impala_tf.export
+  # They import TensorFlow only once a command's inputs are checked; the user's
+  # own code imports it.
+  result['imported_by_the_entry_points'] = 'tensorflow' in sys.modules
+  import tensorflow
 elif sys.argv[1] == 'plain_tensorflow':
   import tensorflow
 else:
@@ -216,6 +220,7 @@ def test_level_set_by_the_user_is_left_alone():
 def test_importing_the_entry_points_changes_no_logging():
   result = _probe('import_entry_points')
   plain = _probe('plain_tensorflow')  # TF 2.12 sets TF_CPP_MIN_LOG_LEVEL=1 itself.
+  assert result['imported_by_the_entry_points'] is False
   assert result['mark'] is None
   assert result['level'] == plain['level']
   assert result['tf_logger_level'] == plain['tf_logger_level'] != logging.ERROR

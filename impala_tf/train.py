@@ -26,6 +26,7 @@ import sys
 import sysconfig
 import threading
 import traceback
+import types
 from typing import Optional
 
 from absl import app
@@ -295,5 +296,20 @@ def run():
   app.run(main, flags_parser=flags_lib.parse_flags)
 
 
+class _CallableModule(types.ModuleType):
+  """This module's type outside `python -m`: callable as `impala_tf.train(config)`.
+
+  The package's function `impala_tf.train` and this module share a name: once the
+  module is imported (`import impala_tf.train`, as tests and tools do), Python makes
+  the package attribute the module. Calling it still trains, as the function does.
+  """
+
+  def __call__(self, config, **kwargs):
+    from impala_tf import driver  # pylint: disable=g-import-not-at-top
+    return driver.train(config, **kwargs)
+
+
 if __name__ == '__main__':
   run()
+else:
+  sys.modules[__name__].__class__ = _CallableModule

@@ -1,5 +1,6 @@
 """Tests of the package's top level: `impala_tf.Config` and `impala_tf.train`."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -25,6 +26,15 @@ def test_importing_the_package_does_not_import_tensorflow():
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                        check=True)
   assert out.stdout.strip() == 'False'
+
+
+def test_train_stays_callable_once_the_cli_module_is_imported(monkeypatch):
+  calls = []
+  monkeypatch.setattr(driver, 'train', lambda config, **kw: calls.append(
+      (config, kw)) or 'result')
+  importlib.import_module('impala_tf.train')  # Makes impala_tf.train the module.
+  assert impala_tf.train(impala_tf.Config(), stop_event=None) == 'result'
+  assert calls == [(impala_tf.Config(), {'stop_event': None})]
 
 
 @pytest.mark.e2e

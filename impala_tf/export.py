@@ -106,6 +106,8 @@ def main(argv):
 
 def run():
   define_flags()
+  flags_lib.import_tensorflow_if_old(  # TensorFlow < 2.15 only (docs/design.md).
+      lambda: quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv)))
   app.run(main, flags_parser=lambda argv: flags_lib.parse_flags(argv, prog=PROG))
 
 

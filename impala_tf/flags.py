@@ -355,6 +355,13 @@ def tensorflow_version_error(version: Optional[str] = None) -> Optional[str]:
 _IMPORT_BEFORE_APP_BELOW = (2, 15)
 
 
+def imports_tensorflow_before_app() -> bool:
+  """Whether the installed TensorFlow is older than 2.15 (`import_tensorflow_if_old`)."""
+  match = re.match(r'(\d+)\.(\d+)', _installed_tensorflow_version() or '')
+  return bool(match) and (
+      tuple(int(g) for g in match.groups()) < _IMPORT_BEFORE_APP_BELOW)
+
+
 def import_tensorflow_if_old(import_fn: Optional[Callable[[], object]] = None
                              ) -> None:
   """Imports TensorFlow now if it is older than 2.15; call before `app.run`.
@@ -367,8 +374,7 @@ def import_tensorflow_if_old(import_fn: Optional[Callable[[], object]] = None
       so that the early import is as quiet as the usual one); TensorFlow is
       imported afterwards in any case, since `import_fn` may decline to.
   """
-  match = re.match(r'(\d+)\.(\d+)', _installed_tensorflow_version() or '')
-  if match and tuple(int(g) for g in match.groups()) < _IMPORT_BEFORE_APP_BELOW:
+  if imports_tensorflow_before_app():
     if import_fn is not None:
       import_fn()  # May import nothing (e.g. the user set TF_CPP_MIN_LOG_LEVEL).
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import

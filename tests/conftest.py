@@ -5,11 +5,13 @@
 README's command runs every test; `pytest -m "not e2e" tests` runs the unit tests
 alone (about a minute), `pytest -m e2e tests` the end-to-end ones.
 
-With pytest-xdist (`-n 2`, the README's command) each test file goes whole to one
+With pytest-xdist (`-n 3`, the README's command) each test file goes whole to one
 worker, so a file's module fixtures (a tiny training run, a batch of CLI children)
 are built once instead of once per worker, and the files go out slowest first
-(`MODULE_SECONDS`), so that the two workers end together. Without xdist the files
-run in that order too; the tests within a file keep theirs.
+(`MODULE_SECONDS`), so that the workers end together. Three workers on the
+project's 2 cores, because the end-to-end tests wait on children, timeouts and Ray
+for part of their time: a suite run took 598 s with `-n 2` and 560 s with `-n 3`.
+Without xdist the files run in the same order; the tests within a file keep theirs.
 """
 
 import os
@@ -19,42 +21,43 @@ try:
 except ImportError:  # pytest without pytest-xdist: one process, the same order.
   xdist_scheduler = None
 
-# Seconds each test file took in a quiet run of the README's command on the
-# project's 2-core machine (from `--durations=0`, setup and teardown included);
-# files not listed count as 0 and go last. Only the order matters: refresh the
+# Seconds each test file took on its worker in a quiet run of the README's command
+# on the project's 2-core machine (setup and teardown included); files not listed
+# (under 3 s) count as 0 and go last. Only the order matters: refresh the
 # numbers when a file's cost changes by much.
 MODULE_SECONDS = {
-    'ray_actors_test.py': 250,
-    'train_test.py': 200,
-    'driver_test.py': 180,
-    'process_actors_test.py': 160,
-    'learner_test.py': 150,
-    'user_network_test.py': 90,
-    'evaluate_test.py': 60,
-    'examples_test.py': 50,
-    'ray_learners_test.py': 40,
-    'distribute_test.py': 30,
-    'keras_compat_test.py': 28,
-    'networks_test.py': 27,
-    'export_test.py': 26,
-    'envpool_env_test.py': 24,
-    'quiet_test.py': 19,
-    'vtrace_test.py': 15,
-    'optimizers_test.py': 12,
-    'data_test.py': 12,
-    'watchdog_test.py': 11,
-    'launcher_test.py': 11,
-    'flags_test.py': 9,
-    'build_test.py': 7,
-    'init_test.py': 7,
-    'plot_test.py': 6,
-    'ray_actor_test.py': 5,
-    'metrics_test.py': 5,
+    'ray_actors_test.py': 433,
+    'train_test.py': 213,
+    'user_network_test.py': 168,
+    'process_actors_test.py': 152,
+    'driver_test.py': 124,
+    'learner_test.py': 102,
+    'ray_learners_test.py': 87,
+    'examples_test.py': 45,
+    'evaluate_test.py': 35,
+    'distribute_test.py': 25,
+    'export_test.py': 23,
+    'keras_compat_test.py': 23,
+    'networks_test.py': 21,
+    'envpool_env_test.py': 19,
+    'watchdog_test.py': 16,
+    'vtrace_test.py': 16,
+    'quiet_test.py': 15,
+    'data_test.py': 11,
+    'launcher_test.py': 10,
+    'optimizers_test.py': 9,
+    'ray_actor_test.py': 7,
+    'ray_session_test.py': 7,
+    'flags_test.py': 6,
+    'socket_audit_test.py': 6,
+    'build_test.py': 5,
     'periodic_eval_test.py': 5,
-    'losses_test.py': 4,
-    'socket_audit_test.py': 4,
-    'ray_session_test.py': 4,
+    'plot_test.py': 5,
+    'init_test.py': 4,
+    'metrics_test.py': 4,
     'replay_test.py': 4,
+    'losses_test.py': 3,
+    'environments_test.py': 3,
 }
 
 

@@ -357,18 +357,29 @@ def test_missing_gpus_show_tensorflows_captured_lines(tmp_path):
 
 @pytest.mark.e2e
 def test_tf_log_level_set_by_the_user_brings_tensorflow_logs_back(tmp_path):
-  missing = str(tmp_path / 'missing')
-  cmd = [sys.executable, '-m', 'impala_tf.export', f'--logdir={missing}']
+  # A run directory whose only checkpoint is garbage: export gets past the checks
+  # that need no TensorFlow, imports it, then fails reading the checkpoint.
+  logdir = str(tmp_path / 'damaged')
+  os.makedirs(os.path.join(logdir, rundir.CHECKPOINT_SUBDIR))
+  rundir.write_config(testing.tiny_config(logdir=logdir))
+  for suffix in ('index', 'data-00000-of-00001'):
+    with open(os.path.join(logdir, rundir.CHECKPOINT_SUBDIR, f'ckpt-1.{suffix}'),
+              'wb') as f:
+      f.write(b'\0garbage')
+  cmd = [sys.executable, '-m', 'impala_tf.export', f'--logdir={logdir}']
   quiet = subprocess.run(cmd, cwd=REPO, env=_quiet_env(), capture_output=True,
                          text=True, timeout=120)
   assert quiet.returncode == 2
-  assert quiet.stderr.splitlines() == [
-      f'impala_tf.export: error: --logdir={missing}: no such directory']
+  # Our lines only: the skipped checkpoint's warning, then the error.
+  assert [l.split(':')[0] for l in quiet.stderr.splitlines()] == [
+      'impala_tf', 'impala_tf.export'], quiet.stderr
+  assert quiet.stderr.splitlines()[-1].startswith(
+      f'impala_tf.export: error: --logdir={logdir}: no checkpoint in '), quiet.stderr
   loud = subprocess.run(cmd, cwd=REPO, env=_quiet_env(TF_CPP_MIN_LOG_LEVEL='0'),
                         capture_output=True, text=True, timeout=120)
   assert loud.returncode == 2
-  assert loud.stderr.splitlines()[-1] == quiet.stderr.splitlines()[0]
-  if len(loud.stderr.splitlines()) == 1:
+  assert loud.stderr.splitlines()[-1] == quiet.stderr.splitlines()[-1]
+  if len(loud.stderr.splitlines()) == 2:
     pytest.skip('TensorFlow logs nothing at import on this machine')
   assert any(_NATIVE_LOG_RE.match(l) for l in loud.stderr.splitlines())
 

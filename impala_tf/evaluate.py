@@ -224,11 +224,10 @@ def check_run_dir(logdir: str, source: str = 'checkpoint') -> None:
       (source 'checkpoint') or no SavedModel (source 'saved_model').
     impala_tf.config.ConfigError: the run's env cannot be made here.
   """
-  config = rundir.load_config(logdir)
   if source == 'checkpoint':
-    if not rundir.has_checkpoint_files(logdir):
-      raise rundir.no_checkpoint_error(logdir)
+    rundir.check_checkpoint_run(logdir)
     return
+  config = rundir.load_config(logdir)
   environments.check_env_id(config.env)
   path = os.path.join(logdir, rundir.SAVED_POLICY_SUBDIR)
   if not os.path.isfile(os.path.join(path, 'saved_model.pb')):

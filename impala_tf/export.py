@@ -51,17 +51,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                         flag_values=flag_values)
 
 
-def check_run_dir(logdir: str) -> None:
-  """Checks, without TensorFlow, that `logdir` has a config.json and a checkpoint.
-
-  Raises:
-    rundir.RunDirError: no such directory, no config.json or no checkpoint files.
-  """
-  rundir.load_config(logdir)
-  if not rundir.has_checkpoint_files(logdir):
-    raise rundir.no_checkpoint_error(logdir)
-
-
 def export_run(logdir: str, output: Optional[str] = None) -> Tuple[str, str]:
   """Restores the latest checkpoint of `logdir` and writes its SavedModel.
 
@@ -75,7 +64,7 @@ def export_run(logdir: str, output: Optional[str] = None) -> Tuple[str, str]:
   Raises:
     rundir.RunDirError: no config.json or no checkpoint.
   """
-  check_run_dir(logdir)  # Before TensorFlow is imported (below).
+  rundir.check_checkpoint_run(logdir)  # Before TensorFlow is imported (below).
   # pylint: disable=g-import-not-at-top
   from impala_tf import checkpoints
   from impala_tf import saved_policy
@@ -93,7 +82,7 @@ def main(argv):
     flags_lib.exit_with_error('--logdir is required: the run directory to export',
                               PROG)
   try:
-    check_run_dir(fv.logdir)
+    rundir.check_checkpoint_run(fv.logdir)
     # The inputs are checked: now TensorFlow is imported, quietly.
     quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv))
     output, path = export_run(fv.logdir, fv.output)

@@ -433,6 +433,21 @@ def no_checkpoint_error(logdir: str) -> RunDirError:
       '(a run writes one every --checkpoint_interval_secs and when it stops)')
 
 
+def check_checkpoint_run(logdir: str) -> config_lib.Config:
+  """The run's Config, once `logdir` is known to hold checkpoint files.
+
+  Reads no checkpoint and imports no TensorFlow (evaluate and export check their
+  input with it before importing TensorFlow).
+
+  Raises:
+    RunDirError: no such directory, no config.json, or no checkpoint files.
+  """
+  config = load_config(logdir)
+  if not has_checkpoint_files(logdir):
+    raise no_checkpoint_error(logdir)
+  return config
+
+
 def check_resume(config: config_lib.Config, obs_space, action_space
                  ) -> List[Tuple[str, object, object]]:
   """Refuses to resume a run written with other shapes or another env.

@@ -185,6 +185,18 @@ def test_frame_budget_is_a_learning_flag_only_under_a_relative_schedule(
       ] + expected
 
 
+def test_check_checkpoint_run_needs_config_and_checkpoint_files(tmp_path):
+  with pytest.raises(rundir.RunDirError, match='no such directory'):
+    rundir.check_checkpoint_run(str(tmp_path / 'missing'))
+  config = testing.tiny_config(logdir=str(tmp_path))
+  rundir.write_config(config)
+  with pytest.raises(rundir.RunDirError, match='has no checkpoint in checkpoints/'):
+    rundir.check_checkpoint_run(str(tmp_path))
+  (tmp_path / 'checkpoints').mkdir()
+  (tmp_path / 'checkpoints' / 'ckpt-1.index').write_bytes(b'')
+  assert rundir.check_checkpoint_run(str(tmp_path)) == config
+
+
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))
 

@@ -60,8 +60,15 @@ def env_targets(env_id):
   if env_id in SUITE:
     t = SUITE[env_id]
     return t['target'], t['drop'], t['eval_target']
+  import importlib  # pylint: disable=g-import-not-at-top
   import gymnasium as gym  # pylint: disable=g-import-not-at-top
-  threshold = gym.spec(env_id).reward_threshold
+  module, _, name = env_id.rpartition(':')  # 'module:Env-v0', as --env takes.
+  try:
+    if module:
+      importlib.import_module(module)
+    threshold = gym.spec(name).reward_threshold
+  except (ImportError, gym.error.Error) as e:
+    raise SystemExit(f'stability.py: error: --envs: {env_id}: {e}') from None
   if threshold is None:
     raise SystemExit(f'stability.py: error: --envs: {env_id} has no reward_threshold '
                      f'in gymnasium and no entry in SUITE ({", ".join(SUITE)})')

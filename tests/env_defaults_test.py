@@ -31,9 +31,9 @@ def test_each_entry_is_valid_config_fields_with_a_reason(env):
 
 
 def test_acrobot_gets_its_settings_and_a_given_field_wins():
-  config = env_defaults.config_for('Acrobot-v1', lr_schedule='linear', seed=3)
-  assert config.lr_schedule == 'linear'  # Given: kept.
-  assert config.entropy_cost_schedule == 'constant'
+  config = env_defaults.config_for('Acrobot-v1', ppo_clip=0.1, seed=3)
+  assert config.ppo_clip == 0.1  # Given: kept.
+  assert config.num_sgd_iter == 4
   assert config.seed == 3
   assert config.total_environment_frames == 1_000_000  # Not in the entry.
 
@@ -46,14 +46,13 @@ def test_an_env_without_an_entry_keeps_the_package_defaults():
 
 
 def test_flags_given_win_also_when_they_equal_the_package_default():
-  # --lr_schedule=0%:1x,20%:0.25x,50%:0.05x,100%:0x is the package's default,
-  # given on purpose.
-  default = config_lib.Config().lr_schedule
+  # --num_sgd_iter=1 is the package's default, given on purpose.
+  assert config_lib.Config().num_sgd_iter == 1
   config, applied = flags_lib.config_for_env_from_flags(_parsed(
-      '--env=Acrobot-v1', f'--lr_schedule={default}'))
-  assert config.lr_schedule == default
-  assert config.entropy_cost_schedule == 'constant'
-  assert applied == {'entropy_cost_schedule': 'constant'}
+      '--env=Acrobot-v1', '--num_sgd_iter=1'))
+  assert config.num_sgd_iter == 1
+  assert config.ppo_clip == 0.2
+  assert applied == {'ppo_clip': 0.2}
 
 
 def test_flags_not_given_take_the_entry():
@@ -61,15 +60,15 @@ def test_flags_not_given_take_the_entry():
   assert applied == env_defaults.defaults_for('Acrobot-v1')
   assert config == env_defaults.config_for('Acrobot-v1')
   line = env_defaults.describe('Acrobot-v1', applied)
-  assert line.startswith('Acrobot-v1: its recorded settings --lr_schedule=constant '
-                         '--entropy_cost_schedule=constant (')
+  assert line.startswith('Acrobot-v1: its recorded settings --num_sgd_iter=4 '
+                         '--ppo_clip=0.2 (')
   assert '\n' not in line
 
 
 def test_a_flag_in_a_flagfile_counts_as_given(tmp_path):
   flagfile = tmp_path / 'acrobot.cfg'
-  flagfile.write_text('--env=Acrobot-v1\n--entropy_cost_schedule=linear\n')
+  flagfile.write_text('--env=Acrobot-v1\n--ppo_clip=0\n')
   config, applied = flags_lib.config_for_env_from_flags(
       _parsed(f'--flagfile={flagfile}'))
-  assert config.entropy_cost_schedule == 'linear'
-  assert applied == {'lr_schedule': 'constant'}
+  assert config.ppo_clip == 0.0
+  assert applied == {'num_sgd_iter': 4}

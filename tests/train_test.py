@@ -416,11 +416,11 @@ def test_an_envs_recorded_settings_are_said_in_one_line_under_the_flags_given(
   # TensorFlow import): the settings line comes before the error.
   path = tmp_path / 'run'
   path.write_text('not a directory')
-  result = _run(['--env=Acrobot-v1', '--lr_schedule=linear', f'--logdir={path}'])
+  result = _run(['--env=Acrobot-v1', '--num_sgd_iter=2', f'--logdir={path}'])
   assert result.returncode == 2, result.stderr[-3000:]
   lines = _own_stderr_lines(result.stderr)
   assert lines[0] == (
-      f'{PROG}: Acrobot-v1: its recorded settings --entropy_cost_schedule=constant '
+      f'{PROG}: Acrobot-v1: its recorded settings --ppo_clip=0.2 '
       '(docs/flags.md, "Settings per environment"; a flag you give wins)'), lines
   assert lines[1].startswith(f'{PROG}: error: --logdir={path}: is a file'), lines
   assert len(lines) == 2, lines

@@ -60,15 +60,16 @@ def env_targets(env_id):
   if env_id in SUITE:
     t = SUITE[env_id]
     return t['target'], t['drop'], t['eval_target']
-  import importlib  # pylint: disable=g-import-not-at-top
-  import gymnasium as gym  # pylint: disable=g-import-not-at-top
-  module, _, name = env_id.rpartition(':')  # 'module:Env-v0', as --env takes.
-  try:
-    if module:
-      importlib.import_module(module)
-    threshold = gym.spec(name).reward_threshold
-  except (ImportError, gym.error.Error) as e:
-    raise SystemExit(f'stability.py: error: --envs: {env_id}: {e}') from None
+  # pylint: disable=g-import-not-at-top
+  import gymnasium as gym
+  from impala_tf import config as config_lib
+  from impala_tf import environments
+  # pylint: enable=g-import-not-at-top
+  try:  # The trainer's check: imports a 'module:' prefix, as --env does.
+    environments.check_env_id(env_id)
+  except config_lib.ConfigError as e:
+    raise SystemExit(f'stability.py: error: --envs: {e}') from None
+  threshold = gym.spec(env_id.split(':')[-1]).reward_threshold
   if threshold is None:
     raise SystemExit(f'stability.py: error: --envs: {env_id} has no reward_threshold '
                      f'in gymnasium and no entry in SUITE ({", ".join(SUITE)})')

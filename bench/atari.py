@@ -236,7 +236,8 @@ def main():
         for actor_backend in args.actor_backends.split(','):
           r = {'network': name, 'env_backend': backend,
                'actor_backend': actor_backend,
-               'flags': [f'--flagfile={name}'] if args.flagfile else NETWORKS[name]}
+               'flags': ([f'--flagfile={name}'] if args.flagfile else
+                         NETWORKS[name]) + args.extra}
           r.update(trainer_rates(args.env, name, args.seconds, args.extra, workdir,
                                  backend, actor_backend))
           print(json.dumps(r), file=sys.stderr, flush=True)
@@ -275,7 +276,8 @@ def main():
           ray / threads, 2)
   print(json.dumps({
       'benchmark': 'atari_throughput', 'env': args.env,
-      'train_flags': TRAIN_FLAGS + args.extra,
+      # With --flagfile the rows run the file's setup, not TRAIN_FLAGS.
+      'train_flags': [] if args.flagfile else TRAIN_FLAGS + args.extra,
       'machine': {'cpus': os.cpu_count(), 'python': platform.python_version(),
                   'loadavg_1min_before': round(load_before[0], 2),
                   'loadavg_1min_after': round(os.getloadavg()[0], 2)},

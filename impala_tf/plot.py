@@ -31,7 +31,8 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
 The summary has, per run: `path`, `label`, `env`, `points` (lines with a return),
 `first_return_mean`, `last_return_mean`, `best_return_mean`, `env_frames`,
 `wall_hours`, `episodes`; per line (`lines`): `label`, `runs`, `last_return_mean`
-(mean over its seeds) and the band's `last_return_min` / `last_return_max`; and
+(mean over its seeds), the band's `last_return_min` / `last_return_max`, and its
+`color` / `linestyle` (`line_style`: ten colours, solid, then dashed, ...); and
 `output`, `x`, `random`, `target`, `title`, `marks` (`frames`, `return`,
 `text` each).
 
@@ -44,7 +45,7 @@ training code.
 import json
 import os
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -273,6 +274,18 @@ def _frames_text(frames: int) -> str:
   return str(frames)
 
 
+_LINESTYLES = ('-', '--', '-.', ':')
+
+
+def line_style(k: int) -> Tuple[str, str]:
+  """The (colour, line style) of the k-th line (k >= 0): no two of 40 alike.
+
+  Matplotlib's 10 default colours, then the same colours dashed, dash-dotted and
+  dotted, so an eleventh line is not mistaken for the first.
+  """
+  return f'C{k % 10}', _LINESTYLES[(k // 10) % len(_LINESTYLES)]
+
+
 def plot(paths: Sequence[str], output: str, x: str = 'frames',
          random: object = 'auto', target: Optional[float] = None,
          title: Optional[str] = None, env: Optional[str] = None,
@@ -353,34 +366,34 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   else:
     scale, xlabel = 1.0, 'env frames'
   lines = []
-  for group, name in zip(groups, names):
-    color = None
+  for k, (group, name) in enumerate(zip(groups, names)):
+    color, linestyle = line_style(k)
+    style = {'color': color, 'linestyle': linestyle}
     if len(group) == 1:
-      (line,) = ax.plot(group[0][x] / scale, group[0]['returns'], label=name)
-      color = line.get_color()
+      ax.plot(group[0][x] / scale, group[0]['returns'], label=name, **style)
     else:
       band = _band(group, x)
       if band is None:  # No common range: each seed alone, one legend entry.
         for i, run in enumerate(group):
-          (line,) = ax.plot(run[x] / scale, run['returns'], color=color,
-                            label=name if i == 0 else None)
-          color = line.get_color()
+          ax.plot(run[x] / scale, run['returns'], label=name if i == 0 else None,
+                  **style)
       else:
         xs, mean, low, high = band
-        (line,) = ax.plot(xs / scale, mean, label=name)
-        ax.fill_between(xs / scale, low, high, color=line.get_color(), alpha=0.25,
+        ax.plot(xs / scale, mean, label=name, **style)
+        ax.fill_between(xs / scale, low, high, color=color, alpha=0.25,
                         linewidth=0)
     lasts = [float(r['returns'][-1]) for r in group]
     lines.append({'label': name, 'runs': [r['path'] for r in group],
+                  'color': color, 'linestyle': linestyle,
                   'last_return_mean': float(np.mean(lasts)),
                   'last_return_min': min(lasts), 'last_return_max': max(lasts)})
   if random_score is not None:
     ax.axhline(random_score, ls='--', c='gray', label=f'random play ({random_score:g})')
   if target is not None:
     ax.axhline(target, ls='--', c='green', label=f'target ({target:g})')
-  for point in points:
+  for j, point in enumerate(points):
     ax.plot([point['frames'] / scale], [point['return']], marker='*', ms=12,
-            ls='none', label=point['text'])
+            ls='none', color=line_style(len(groups) + j)[0], label=point['text'])
   ax.set_xlabel(xlabel)
   ax.set_ylabel('mean return, last 100 episodes')
   ax.set_title(title)

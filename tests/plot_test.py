@@ -84,6 +84,33 @@ def test_plot_groups_seeds_and_summarises_the_numbers(runs, tmp_path):
   assert r1['label'] == by_path[seed2]['label'] == 'learning_rate=0.001 (2 seeds)'
 
 
+def test_eleven_lines_and_marks_do_not_share_a_style(tmp_path, monkeypatch):
+  """Past matplotlib's 10 colours a line is dashed, not a copy of the first."""
+  import matplotlib.axes  # pylint: disable=g-import-not-at-top
+  drawn = {}
+  real_plot = matplotlib.axes.Axes.plot
+
+  def recording_plot(self, *args, **kwargs):
+    (line,) = real_plot(self, *args, **kwargs)
+    drawn[kwargs.get('label')] = (line.get_color(), line.get_linestyle())
+    return [line]
+
+  monkeypatch.setattr(matplotlib.axes.Axes, 'plot', recording_plot)
+  paths = [_write_run(tmp_path / f'lr{k}', dict(_CONFIG, learning_rate=k + 1.0),
+                      [1.0, 2.0]) for k in range(11)]
+  s = plot.plot(paths, str(tmp_path / 'many.png'), marks=['1000:5:ref'])
+  styles = [(l['color'], l['linestyle']) for l in s['lines']]
+  assert styles[0] == ('C0', '-') and styles[10] == ('C0', '--')
+  assert len(set(styles)) == 11
+  # What was drawn is what the summary says, in matplotlib's own notation.
+  for line in s['lines']:
+    assert drawn[line['label']] == (line['color'], line['linestyle'])
+  # The mark takes the colour after the lines' (C1), not the first line's.
+  assert drawn['ref'][0] == 'C1'
+  assert [plot.line_style(k) for k in (9, 10, 20, 30, 40)] == [
+      ('C9', '-'), ('C0', '--'), ('C0', '-.'), ('C0', ':'), ('C0', '-')]
+
+
 def test_band_is_mean_min_max_over_the_common_range(runs):
   seed1, seed2, _ = runs
   group = [plot.read_run(seed1), plot.read_run(seed2)]

@@ -24,6 +24,7 @@ from typing import Optional, Tuple
 
 OPTIMIZERS = ('rmsprop', 'adam')
 RMSPROP_STYLES = ('tf1', 'torch')
+WEIGHT_INITS = ('glorot', 'orthogonal')
 NETWORKS = ('auto', 'mlp', 'shallow', 'deep')
 NETWORK_ALLOWED = (
     f'must be one of {", ".join(NETWORKS)}, or MODULE:FUNCTION naming your own torso '
@@ -215,7 +216,8 @@ def parse_resources(spec: str, field: str) -> dict:
 
 # What a resumed run (a --logdir with checkpoints) does when a field differs from the
 # run that wrote them (rundir.check_resume):
-# - RESUME_REFUSED: it changes the env or the variables a checkpoint holds; the run
+# - RESUME_REFUSED: it changes the env or the variables a checkpoint holds (or how
+#   they started, which a resumed run cannot change: weight_init); the run
 #   stops with one line naming the field (rundir.resume_differences);
 # - RESUME_WARNED: it changes what is learned; one warning, then the new value
 #   (rundir.learning_differences; also total_environment_frames when a schedule is
@@ -913,6 +915,17 @@ class Config:
       256, 'network',
       help=('Units of the LSTM core. Range: >= 1.'),
       rule=_ints(1),
+      resume=RESUME_REFUSED)
+  weight_init: str = option(
+      'glorot', 'network',
+      help=("How the built-in networks' kernels start (biases start at 0 either "
+            "way). glorot: Glorot uniform, the policy logits scaled by 0.01. "
+            "orthogonal (OpenAI Baselines', CleanRL's and SB3's): orthogonal, "
+            'gain sqrt(2) in the torso, 0.01 for the policy logits, 1 for the '
+            'value head; it keeps the shallow torso\'s first convolution alive '
+            'under Adam on Atari (docs/pong.md). The LSTM core and a user torso '
+            'are not affected.'),
+      rule=_one_of(WEIGHT_INITS), choices=WEIGHT_INITS,
       resume=RESUME_REFUSED)
   shared_torso: Optional[bool] = option(
       None, 'network',

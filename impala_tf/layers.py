@@ -7,9 +7,13 @@ eagerly in the constructors (never lazily on the first call).
 Initialization (deterministic given the seed of the `SeedStream`; stateless RNG,
 so the values do not depend on TF's global seed or on how many ops ran before):
 
-* `Linear` and `Conv2D` kernels: Glorot (Xavier) uniform, limit
-  `scale * sqrt(6 / (fan_in + fan_out))` with `fan = kh * kw * channels` for
-  convolutions; biases zero.
+* `Linear` and `Conv2D` kernels, `init='glorot'` (the default): Glorot (Xavier)
+  uniform, limit `scale * sqrt(6 / (fan_in + fan_out))` with
+  `fan = kh * kw * channels` for convolutions. `init='orthogonal'` (the init of
+  OpenAI Baselines, CleanRL and SB3): the kernel as a `[fan_in, out]` matrix
+  (`[kh * kw * in_channels, out_channels]` for convolutions) with orthonormal
+  columns (rows where out > fan_in), times `scale` (the gain: `RELU_GAIN` for a
+  ReLU layer, 0.01 for policy logits). Biases zero either way.
 * `LSTMCell`: input kernel Glorot uniform, recurrent kernel orthogonal, bias zero
   except the forget gate, which starts at 1.0 (a trainable bias initialised to the
   forget bias; the parameter count is that of a standard LSTM).
@@ -23,6 +27,10 @@ import random
 from typing import Optional, Sequence, Tuple
 
 import tensorflow as tf
+
+from impala_tf.config import WEIGHT_INITS  # ('glorot', 'orthogonal')
+# Orthogonal init's gain for a layer followed by a ReLU (He et al., 2015).
+RELU_GAIN = math.sqrt(2.0)
 
 
 class SeedStream:
@@ -47,6 +55,29 @@ def _glorot_uniform(shape: Sequence[int], fan_in: int, fan_out: int,
       shape, seed=seed, minval=-limit, maxval=limit, dtype=tf.float32)
 
 
+def kernel_init(shape: Sequence[int], fan_in: int, fan_out: int, seed: tf.Tensor,
+                init: str = 'glorot', scale: float = 1.0) -> tf.Tensor:
+  """A float32 kernel of `shape` (`[fan_in, out]`, or `[kh, kw, in, out]`).
+
+  Args:
+    shape: the kernel's shape; its last dimension is the output size.
+    fan_in: inputs per output unit (`kh * kw * in` for a convolution).
+    fan_out: `kh * kw * out` for a convolution, `out` otherwise (Glorot only).
+    seed: int32 `[2]` stateless seed.
+    init: one of `WEIGHT_INITS` (the module docstring says what each draws).
+    scale: Glorot's limit factor, or the orthogonal gain.
+
+  Raises:
+    ValueError: `init` is not one of `WEIGHT_INITS`.
+  """
+  if init == 'glorot':
+    return _glorot_uniform(shape, fan_in, fan_out, seed, scale)
+  if init == 'orthogonal':
+    matrix = _orthogonal((int(fan_in), int(shape[-1])), seed)
+    return scale * tf.reshape(matrix, shape)
+  raise ValueError(f'weight_init={init!r}: must be one of {", ".join(WEIGHT_INITS)}')
+
+
 def _orthogonal(shape: Tuple[int, int], seed: tf.Tensor) -> tf.Tensor:
   """Orthogonal float32 matrix of 2-D `shape` (QR of a Gaussian, sign-fixed)."""
   rows, cols = shape
@@ -61,19 +92,20 @@ def _orthogonal(shape: Tuple[int, int], seed: tf.Tensor) -> tf.Tensor:
 class Linear(tf.Module):
   """Affine layer `y = x @ w + b`.
 
-  Variables: `w` float32 `[input_size, output_size]` (Glorot uniform times
-  `init_scale`), `b` float32 `[output_size]` (zeros).
+  Variables: `w` float32 `[input_size, output_size]` (`kernel_init` of `init`
+  with scale `init_scale`), `b` float32 `[output_size]` (zeros).
   """
 
   def __init__(self, input_size: int, output_size: int, seeds: SeedStream,
-               init_scale: float = 1.0, name: Optional[str] = None):
+               init_scale: float = 1.0, name: Optional[str] = None,
+               init: str = 'glorot'):
     super().__init__(name=name)
     self.input_size = int(input_size)
     self.output_size = int(output_size)
     with self.name_scope:
       self.w = tf.Variable(
-          _glorot_uniform((self.input_size, self.output_size), self.input_size,
-                          self.output_size, seeds(), init_scale), name='w')
+          kernel_init((self.input_size, self.output_size), self.input_size,
+                      self.output_size, seeds(), init, init_scale), name='w')
       self.b = tf.Variable(tf.zeros([self.output_size]), name='b')
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
@@ -84,12 +116,14 @@ class Linear(tf.Module):
 class Conv2D(tf.Module):
   """2-D convolution on NHWC float32 tensors.
 
-  Variables: `w` float32 `[kernel, kernel, in_channels, out_channels]` (Glorot
-  uniform), `b` float32 `[out_channels]` (zeros).
+  Variables: `w` float32 `[kernel, kernel, in_channels, out_channels]`
+  (`kernel_init` of `init` with scale `init_scale`), `b` float32 `[out_channels]`
+  (zeros).
   """
 
   def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int,
-               padding: str, seeds: SeedStream, name: Optional[str] = None):
+               padding: str, seeds: SeedStream, name: Optional[str] = None,
+               init: str = 'glorot', init_scale: float = 1.0):
     super().__init__(name=name)
     if padding not in ('SAME', 'VALID'):
       raise ValueError(f'padding={padding!r}: must be SAME or VALID')
@@ -101,9 +135,9 @@ class Conv2D(tf.Module):
     k2 = self.kernel * self.kernel
     with self.name_scope:
       self.w = tf.Variable(
-          _glorot_uniform((self.kernel, self.kernel, self.in_channels,
-                           self.out_channels), k2 * self.in_channels,
-                          k2 * self.out_channels, seeds()), name='w')
+          kernel_init((self.kernel, self.kernel, self.in_channels,
+                       self.out_channels), k2 * self.in_channels,
+                      k2 * self.out_channels, seeds(), init, init_scale), name='w')
       self.b = tf.Variable(tf.zeros([self.out_channels]), name='b')
 
   def output_size(self, size: int) -> int:

@@ -21,9 +21,13 @@ All variables are created eagerly in the constructors (never lazily on the first
 call), so a network built under `strategy.scope()` can be checkpoint-restored
 before it is ever called.
 
-Initialization is deterministic given `seed` (`impala_tf.layers` describes it);
-the policy-logits head uses `init_scale=0.01`, so the initial policy is close to
-uniform (maximum entropy); all other layers use 1.
+Initialization is deterministic given `seed` (`impala_tf.layers` describes it).
+`weight_init='glorot'` (the default): Glorot-uniform kernels, the policy-logits
+head scaled by 0.01, so the initial policy is close to uniform (maximum entropy).
+`weight_init='orthogonal'` (Baselines', CleanRL's and SB3's): orthogonal kernels
+with gain sqrt(2) in the torso, 0.01 for the policy logits and 1 for the baseline.
+The LSTM core's kernels are drawn as `layers.LSTMCell` says either way, and a
+user torso initialises itself.
 
 Parameter counts for an 84x84x4 input, 6 actions (worked out in
 `tests/networks_test.py`): shallow 677,943; deep 1,091,031; an LSTM 256 core adds
@@ -87,7 +91,7 @@ class AgentNetwork(tf.Module):
                lstm_size: int = 256, seed: Optional[int] = None,
                name: str = 'agent', spaces: Optional[tuple] = None,
                popart: bool = False, shared_torso: bool = True,
-               popart_sigma_floor: float = 0.0):
+               popart_sigma_floor: float = 0.0, weight_init: str = 'glorot'):
     """Builds the network and creates all its variables.
 
     Args:
@@ -109,6 +113,7 @@ class AgentNetwork(tf.Module):
         spread so far).
       shared_torso: False gives the baseline head its own MLP torso
         (`value_torso`, same `mlp_hidden_sizes`); 'mlp' without LSTM only.
+      weight_init: 'glorot' or 'orthogonal' (the module docstring).
 
     Raises:
       ValueError: naming `network` for a torso that does not fit the observations
@@ -124,6 +129,9 @@ class AgentNetwork(tf.Module):
                        'space, action_space) for its FUNCTION')
     if int(num_actions) < 1:
       raise ValueError(f'num_actions={num_actions}: must be >= 1')
+    if weight_init not in layers.WEIGHT_INITS:
+      raise ValueError(f'weight_init={weight_init!r}: must be one of '
+                       f'{", ".join(layers.WEIGHT_INITS)}')
     if not shared_torso and (torso != 'mlp' or use_lstm):
       raise ValueError(f'shared_torso=False: needs the mlp torso without an LSTM, '
                        f'got network={torso} use_lstm={use_lstm}')
@@ -140,12 +148,13 @@ class AgentNetwork(tf.Module):
                                           self.observation_shape, name='user_torso')
       elif torso == 'mlp':
         self.torso = torsos.MLP(self.observation_shape, mlp_hidden_sizes, seeds,
-                                name='mlp')
+                                name='mlp', weight_init=weight_init)
       elif torso == 'shallow':
         self.torso = torsos.ShallowTorso(self.observation_shape, seeds,
-                                         name='shallow')
+                                         name='shallow', weight_init=weight_init)
       else:
-        self.torso = torsos.DeepTorso(self.observation_shape, seeds, name='deep')
+        self.torso = torsos.DeepTorso(self.observation_shape, seeds, name='deep',
+                                      weight_init=weight_init)
       out_size = self.torso.output_size
       if self.use_lstm:
         self.core = layers.LSTMCell(out_size + self.num_actions + 1, self.lstm_size,
@@ -154,14 +163,16 @@ class AgentNetwork(tf.Module):
       else:
         self.core = None
       self.policy_head = layers.Linear(out_size, self.num_actions, seeds,
-                                       init_scale=0.01, name='policy_logits')
+                                       init_scale=0.01, name='policy_logits',
+                                       init=weight_init)
       self.value_torso = None
       if not shared_torso:
         self.value_torso = torsos.MLP(self.observation_shape, mlp_hidden_sizes,
-                                      seeds, name='value_mlp')
+                                      seeds, name='value_mlp',
+                                      weight_init=weight_init)
       self.baseline_head = layers.Linear(
           self.value_torso.output_size if self.value_torso else out_size, 1, seeds,
-          name='baseline')
+          name='baseline', init=weight_init)
       self.popart = (popart_lib.PopArt(1, popart_sigma_floor, name='popart')
                      if popart else None)
 
@@ -326,7 +337,7 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
 
   Args:
     config: an `impala_tf.config.Config` (network, mlp_hidden_sizes, use_lstm,
-      lstm_size, seed are read).
+      lstm_size, seed, weight_init are read).
     observation_space: the env's single observation space (a Box).
     action_space: the env's single action space (Discrete(n)).
 
@@ -381,4 +392,5 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
       popart=config.popart,
       shared_torso=config_lib.resolve_shared_torso(
           config.shared_torso, network, config.use_lstm),
-      popart_sigma_floor=config.popart_sigma_floor)
+      popart_sigma_floor=config.popart_sigma_floor,
+      weight_init=config.weight_init)

@@ -6,6 +6,9 @@ a time-major sequence, see `impala_tf/types.py`; uint8 images already divided by
 (`[N, H, W, C]`, or `[N, H, W]` for one channel). Built from `impala_tf.layers`;
 variables are created in the constructors. Which torso a `network` value names
 ('auto' resolved) is `torso_choice.resolve_torso`.
+
+`weight_init` ('glorot' or 'orthogonal', `layers.WEIGHT_INITS`) draws every
+kernel of a torso; orthogonal kernels get the ReLU gain sqrt(2) (`layers`).
 """
 
 import math
@@ -16,6 +19,15 @@ import tensorflow as tf
 from impala_tf import layers
 
 
+def _init(weight_init: str) -> dict:
+  """The `init` / `init_scale` keyword arguments of a torso's ReLU layers."""
+  if weight_init not in layers.WEIGHT_INITS:
+    raise ValueError(f'weight_init={weight_init!r}: must be one of '
+                     f'{", ".join(layers.WEIGHT_INITS)}')
+  gain = layers.RELU_GAIN if weight_init == 'orthogonal' else 1.0
+  return {'init': weight_init, 'init_scale': gain}
+
+
 class MLP(tf.Module):
   """Flatten, then fully connected ReLU layers.
 
@@ -23,8 +35,10 @@ class MLP(tf.Module):
   """
 
   def __init__(self, input_shape: Sequence[int], hidden_sizes: Sequence[int],
-               seeds: layers.SeedStream, name: Optional[str] = None):
+               seeds: layers.SeedStream, name: Optional[str] = None,
+               weight_init: str = 'glorot'):
     super().__init__(name=name)
+    init = _init(weight_init)
     hidden_sizes = tuple(int(h) for h in hidden_sizes)
     if not hidden_sizes or min(hidden_sizes) < 1:
       raise ValueError(f'mlp_hidden_sizes={hidden_sizes}: must be one or more '
@@ -33,7 +47,7 @@ class MLP(tf.Module):
     sizes = (self.input_size,) + hidden_sizes
     with self.name_scope:
       self.layers = [
-          layers.Linear(n_in, n_out, seeds, name=f'linear_{k}')
+          layers.Linear(n_in, n_out, seeds, name=f'linear_{k}', **init)
           for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]))
       ]
     self.output_size = sizes[-1]
@@ -67,13 +81,14 @@ class ShallowTorso(tf.Module):
   """
 
   def __init__(self, input_shape: Sequence[int], seeds: layers.SeedStream,
-               name: Optional[str] = None):
+               name: Optional[str] = None, weight_init: str = 'glorot'):
     super().__init__(name=name)
+    init = _init(weight_init)
     self.input_shape = _image_shape(input_shape, 'shallow')
     h, w, c = self.input_shape
     with self.name_scope:
-      self.conv1 = layers.Conv2D(c, 16, 8, 4, 'VALID', seeds, name='conv1')
-      self.conv2 = layers.Conv2D(16, 32, 4, 2, 'VALID', seeds, name='conv2')
+      self.conv1 = layers.Conv2D(c, 16, 8, 4, 'VALID', seeds, name='conv1', **init)
+      self.conv2 = layers.Conv2D(16, 32, 4, 2, 'VALID', seeds, name='conv2', **init)
       for conv in (self.conv1, self.conv2):
         h, w = conv.output_size(h), conv.output_size(w)
       if h < 1 or w < 1:
@@ -81,7 +96,7 @@ class ShallowTorso(tf.Module):
             f'network=shallow: observation shape {list(input_shape)} is too small '
             'for its 8x8/4 and 4x4/2 VALID convolutions (needs H, W >= 20)')
       self.flat_size = h * w * 32
-      self.fc = layers.Linear(self.flat_size, 256, seeds, name='fc')
+      self.fc = layers.Linear(self.flat_size, 256, seeds, name='fc', **init)
     self.output_size = 256
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
@@ -97,13 +112,14 @@ class _ResidualBlock(tf.Module):
   """`x + conv(relu(conv(relu(x))))` with 3x3 SAME convs, `[N, H, W, C]` float32."""
 
   def __init__(self, channels: int, seeds: layers.SeedStream,
-               name: Optional[str] = None):
+               name: Optional[str] = None, init: Optional[dict] = None):
     super().__init__(name=name)
+    init = init or {}
     with self.name_scope:
       self.conv1 = layers.Conv2D(channels, channels, 3, 1, 'SAME', seeds,
-                                 name='conv1')
+                                 name='conv1', **init)
       self.conv2 = layers.Conv2D(channels, channels, 3, 1, 'SAME', seeds,
-                                 name='conv2')
+                                 name='conv2', **init)
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
     y = self.conv1(tf.nn.relu(x))
@@ -115,12 +131,13 @@ class _DeepSection(tf.Module):
   """3x3 conv stride 1, 3x3 max-pool stride 2 (SAME), two residual blocks."""
 
   def __init__(self, in_channels: int, channels: int, seeds: layers.SeedStream,
-               name: Optional[str] = None):
+               name: Optional[str] = None, init: Optional[dict] = None):
     super().__init__(name=name)
+    init = init or {}
     with self.name_scope:
       self.conv = layers.Conv2D(in_channels, channels, 3, 1, 'SAME', seeds,
-                                name='conv')
-      self.blocks = [_ResidualBlock(channels, seeds, name=f'residual_{k}')
+                                name='conv', **init)
+      self.blocks = [_ResidualBlock(channels, seeds, name=f'residual_{k}', init=init)
                      for k in range(2)]
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
@@ -142,18 +159,21 @@ class DeepTorso(tf.Module):
   """
 
   def __init__(self, input_shape: Sequence[int], seeds: layers.SeedStream,
-               channels: Sequence[int] = (16, 32, 32), name: Optional[str] = None):
+               channels: Sequence[int] = (16, 32, 32), name: Optional[str] = None,
+               weight_init: str = 'glorot'):
     super().__init__(name=name)
+    init = _init(weight_init)
     self.input_shape = _image_shape(input_shape, 'deep')
     h, w, c = self.input_shape
     with self.name_scope:
       self.sections = []
       for k, ch in enumerate(channels):
-        self.sections.append(_DeepSection(c, ch, seeds, name=f'section_{k}'))
+        self.sections.append(_DeepSection(c, ch, seeds, name=f'section_{k}',
+                                          init=init))
         c = ch
         h, w = -(-h // 2), -(-w // 2)
       self.flat_size = h * w * c
-      self.fc = layers.Linear(self.flat_size, 256, seeds, name='fc')
+      self.fc = layers.Linear(self.flat_size, 256, seeds, name='fc', **init)
     self.output_size = 256
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:

@@ -24,6 +24,37 @@ def test_linear_shapes_and_glorot_limit():
   assert layer(tf.ones([3, 6])).shape == (3, 10)
 
 
+@pytest.mark.parametrize('n_in,n_out', [(6, 4), (3, 5)])
+def test_linear_orthogonal_is_orthonormal_times_the_gain(n_in, n_out):
+  layer = layers.Linear(n_in, n_out, layers.SeedStream(0), init_scale=2.0,
+                        init='orthogonal')
+  w = layer.w.numpy() / 2.0
+  # Orthonormal columns when out <= fan_in, orthonormal rows otherwise.
+  gram = w.T @ w if n_out <= n_in else w @ w.T
+  np.testing.assert_allclose(gram, np.eye(min(n_in, n_out)), atol=1e-5)
+  assert not layer.b.numpy().any()
+  again = layers.Linear(n_in, n_out, layers.SeedStream(0), init_scale=2.0,
+                        init='orthogonal')
+  np.testing.assert_array_equal(layer.w.numpy(), again.w.numpy())
+
+
+def test_conv2d_orthogonal_filters_are_orthonormal_as_fan_in_vectors():
+  conv = layers.Conv2D(4, 16, 8, 4, 'VALID', layers.SeedStream(1),
+                       init='orthogonal', init_scale=layers.RELU_GAIN)
+  # Each output filter, flattened over [kh, kw, in] (fan_in = 8 * 8 * 4 = 256),
+  # is a vector of norm sqrt(2), orthogonal to the other 15.
+  w = conv.w.numpy().reshape(256, 16)
+  np.testing.assert_allclose(w.T @ w, 2.0 * np.eye(16), atol=1e-4)
+  glorot = layers.Conv2D(4, 16, 8, 4, 'VALID', layers.SeedStream(1))
+  assert np.abs(glorot.w.numpy()).max() <= math.sqrt(6.0 / (256 + 1024))
+
+
+def test_unknown_init_is_an_error_naming_weight_init():
+  with pytest.raises(ValueError,
+                     match=r"weight_init='he': must be one of glorot, orthogonal"):
+    layers.Linear(2, 2, layers.SeedStream(0), init='he')
+
+
 @pytest.mark.parametrize('padding,size,want', [('SAME', 9, 5), ('VALID', 9, 4)])
 def test_conv2d_output_size(padding, size, want):
   conv = layers.Conv2D(2, 4, 3, 2, padding, layers.SeedStream(0))

@@ -247,6 +247,32 @@ def test_seed_determinism():
   assert not np.array_equal(a.torso.layers[0].w, c.torso.layers[0].w)
 
 
+@pytest.mark.parametrize('torso', ['mlp', 'shallow', 'deep'])
+def test_orthogonal_weight_init_gains(torso):
+  """sqrt(2) in the torso, 0.01 for the logits, 1 for the baseline (CleanRL's)."""
+  net = _net(torso, False, weight_init='orthogonal')
+
+  def unit_norms(w):
+    """Norms of the orthogonal vectors: columns of [fan_in, out], or its rows."""
+    w = w.numpy()
+    m = w.reshape(-1, w.shape[-1])
+    return np.linalg.norm(m, axis=0 if m.shape[0] >= m.shape[1] else 1)
+
+  kernels = [v for v in net.torso.trainable_variables if v.name.endswith('w:0')]
+  assert len(kernels) == {'mlp': 1, 'shallow': 3, 'deep': 16}[torso]
+  for w in kernels:
+    np.testing.assert_allclose(unit_norms(w), np.sqrt(2.0), rtol=1e-4)
+  np.testing.assert_allclose(unit_norms(net.policy_head.w), 0.01, rtol=1e-4)
+  np.testing.assert_allclose(unit_norms(net.baseline_head.w), 1.0, rtol=1e-4)
+  # Glorot is the default: the same seed gives the same weights.
+  glorot, default = _net(torso, False, weight_init='glorot'), _net(torso, False)
+  for va, vb in zip(glorot.trainable_variables, default.trainable_variables):
+    np.testing.assert_array_equal(va, vb)
+  assert not np.array_equal(glorot.policy_head.w, net.policy_head.w)
+  with pytest.raises(ValueError, match="weight_init='he': must be one of"):
+    _net(torso, False, weight_init='he')
+
+
 def test_inside_tf_function_static_and_dynamic_time(monkeypatch):
   net = _net('mlp', use_lstm=True)
   shape, dtype = OBS['mlp']

@@ -259,6 +259,7 @@ _REFUSED_CHANGES = {
     'mlp_hidden_sizes': dict(mlp_hidden_sizes=(8, 8)),
     'shared_torso': dict(shared_torso=True),
     'lstm_size': dict(use_lstm=True, lstm_size=4),
+    'weight_init': dict(weight_init='orthogonal'),
     'optimizer': dict(optimizer='rmsprop'),
     'rmsprop_momentum': dict(optimizer='rmsprop', rmsprop_momentum=0.5),
 }

@@ -55,6 +55,12 @@ def _glorot_uniform(shape: Sequence[int], fan_in: int, fan_out: int,
       shape, seed=seed, minval=-limit, maxval=limit, dtype=tf.float32)
 
 
+def check_init(init: str) -> None:
+  """ValueError naming weight_init unless `init` is one of `WEIGHT_INITS`."""
+  if init not in WEIGHT_INITS:
+    raise ValueError(f'weight_init={init!r}: must be one of {", ".join(WEIGHT_INITS)}')
+
+
 def kernel_init(shape: Sequence[int], fan_in: int, fan_out: int, seed: tf.Tensor,
                 init: str = 'glorot', scale: float = 1.0) -> tf.Tensor:
   """A float32 kernel of `shape` (`[fan_in, out]`, or `[kh, kw, in, out]`).
@@ -70,12 +76,11 @@ def kernel_init(shape: Sequence[int], fan_in: int, fan_out: int, seed: tf.Tensor
   Raises:
     ValueError: `init` is not one of `WEIGHT_INITS`.
   """
+  check_init(init)
   if init == 'glorot':
     return _glorot_uniform(shape, fan_in, fan_out, seed, scale)
-  if init == 'orthogonal':
-    matrix = _orthogonal((int(fan_in), int(shape[-1])), seed)
-    return scale * tf.reshape(matrix, shape)
-  raise ValueError(f'weight_init={init!r}: must be one of {", ".join(WEIGHT_INITS)}')
+  matrix = _orthogonal((int(fan_in), int(shape[-1])), seed)
+  return scale * tf.reshape(matrix, shape)
 
 
 def _orthogonal(shape: Tuple[int, int], seed: tf.Tensor) -> tf.Tensor:

@@ -129,9 +129,7 @@ class AgentNetwork(tf.Module):
                        'space, action_space) for its FUNCTION')
     if int(num_actions) < 1:
       raise ValueError(f'num_actions={num_actions}: must be >= 1')
-    if weight_init not in layers.WEIGHT_INITS:
-      raise ValueError(f'weight_init={weight_init!r}: must be one of '
-                       f'{", ".join(layers.WEIGHT_INITS)}')
+    layers.check_init(weight_init)
     if not shared_torso and (torso != 'mlp' or use_lstm):
       raise ValueError(f'shared_torso=False: needs the mlp torso without an LSTM, '
                        f'got network={torso} use_lstm={use_lstm}')

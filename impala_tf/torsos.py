@@ -21,9 +21,7 @@ from impala_tf import layers
 
 def _init(weight_init: str) -> dict:
   """The `init` / `init_scale` keyword arguments of a torso's ReLU layers."""
-  if weight_init not in layers.WEIGHT_INITS:
-    raise ValueError(f'weight_init={weight_init!r}: must be one of '
-                     f'{", ".join(layers.WEIGHT_INITS)}')
+  layers.check_init(weight_init)
   gain = layers.RELU_GAIN if weight_init == 'orthogonal' else 1.0
   return {'init': weight_init, 'init_scale': gain}
 

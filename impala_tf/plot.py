@@ -18,7 +18,7 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
 * Random play (`--random=auto`: the score of uniformly random actions in a table
   of known envs, `RANDOM_SCORES`; or a number; `none` draws nothing) and
   `--target` (default: the runs' `--target_return` when they share one) are
-  dashed horizontal lines.
+  black horizontal lines, dashed and dotted (no run's line is black).
 * `--mark=FRAMES:RETURN:TEXT` (repeated) draws a reference point, e.g. another
   package's published result (`--mark=20e6:18:RLlib tuned IMPALA`), as a marker
   at FRAMES env frames (`--x=frames` only) and RETURN, named TEXT in the legend.
@@ -388,9 +388,9 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
                   'last_return_mean': float(np.mean(lasts)),
                   'last_return_min': min(lasts), 'last_return_max': max(lasts)})
   if random_score is not None:
-    ax.axhline(random_score, ls='--', c='gray', label=f'random play ({random_score:g})')
+    ax.axhline(random_score, ls='--', c='black', label=f'random play ({random_score:g})')
   if target is not None:
-    ax.axhline(target, ls='--', c='green', label=f'target ({target:g})')
+    ax.axhline(target, ls=':', c='black', label=f'target ({target:g})')
   for j, point in enumerate(points):
     ax.plot([point['frames'] / scale], [point['return']], marker='*', ms=12,
             ls='none', color=line_style(len(groups) + j)[0], label=point['text'])

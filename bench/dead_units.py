@@ -9,8 +9,10 @@ For each run directory it restores the network of the newest checkpoint (or
 in `--num_envs` of the run's envs (its config.json's env and preprocessing, the
 gymnasium backend), and feeds every observation through the torso. A unit (a
 channel of a convolution, a unit of a fully connected layer) is dead when its
-ReLU output is 0 at every position of every observation: no input of the game
-moves it, so it passes no gradient either. Prints one JSON line per run:
+pre-activation is <= 0 at every position of every observation: with a ReLU no
+input of the game moves it, so it passes no gradient either (with
+`--torso_activation=leaky_relu` it still passes 0.01 of one, and is counted the
+same way). Prints one JSON line per run:
 
   {"logdir": ..., "checkpoint": ..., "learner_steps": N, "observations": M,
    "layers": {"conv1": {"units": 16, "dead": 14, "dead_fraction": 0.875,
@@ -40,19 +42,21 @@ sys.path.insert(0, REPO)
 
 
 def torso_preactivations(torso, x):
-  """{layer name: float32 [N, ..., units] before its ReLU}, shallow or mlp torso."""
+  """{layer name: float32 [N, ..., units] before its activation}, shallow or mlp."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from impala_tf import layers  # pylint: disable=g-import-not-at-top
+  act = layers.activation(torso.activation)
   out = {}
   if hasattr(torso, 'conv1'):  # ShallowTorso.
     x = tf.reshape(x, (-1,) + torso.input_shape)
     out['conv1'] = z = torso.conv1(x)
-    out['conv2'] = z = torso.conv2(tf.nn.relu(z))
-    out['fc'] = torso.fc(tf.reshape(tf.nn.relu(z), [-1, torso.flat_size]))
+    out['conv2'] = z = torso.conv2(act(z))
+    out['fc'] = torso.fc(tf.reshape(act(z), [-1, torso.flat_size]))
   else:  # MLP.
     h = tf.reshape(x, [-1, torso.input_size])
     for k, layer in enumerate(torso.layers):
       out[f'linear_{k}'] = z = layer(h)
-      h = tf.nn.relu(z)
+      h = act(z)
   return {name: z.numpy() for name, z in out.items()}
 
 

@@ -25,6 +25,7 @@ from typing import Optional, Tuple
 OPTIMIZERS = ('rmsprop', 'adam')
 RMSPROP_STYLES = ('tf1', 'torch')
 WEIGHT_INITS = ('glorot', 'orthogonal')
+TORSO_ACTIVATIONS = ('relu', 'leaky_relu')
 NETWORKS = ('auto', 'mlp', 'shallow', 'deep')
 NETWORK_ALLOWED = (
     f'must be one of {", ".join(NETWORKS)}, or MODULE:FUNCTION naming your own torso '
@@ -926,6 +927,16 @@ class Config:
             'and 11x larger than with glorot on Pong frames: docs/pong.md). '
             'The LSTM core and a user torso are not affected.'),
       rule=_one_of(WEIGHT_INITS), choices=WEIGHT_INITS,
+      resume=RESUME_REFUSED)
+  torso_activation: str = option(
+      'relu', 'network',
+      help=("The nonlinearity between the built-in torsos' layers. relu (the "
+            "paper's). leaky_relu: slope 0.01 below zero, so a unit whose input "
+            'stays negative still learns (with relu, 14 of the shallow torso\'s '
+            '16 first-layer channels end dead on Pong: docs/pong.md). Orthogonal '
+            'kernels keep the gain sqrt(2) either way. A user torso is not '
+            'affected.'),
+      rule=_one_of(TORSO_ACTIVATIONS), choices=TORSO_ACTIVATIONS,
       resume=RESUME_REFUSED)
   shared_torso: Optional[bool] = option(
       None, 'network',

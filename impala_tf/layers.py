@@ -28,9 +28,32 @@ from typing import Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from impala_tf.config import TORSO_ACTIVATIONS  # ('relu', 'leaky_relu')
 from impala_tf.config import WEIGHT_INITS  # ('glorot', 'orthogonal')
 # Orthogonal init's gain for a layer followed by a ReLU (He et al., 2015).
 RELU_GAIN = math.sqrt(2.0)
+# Slope of `leaky_relu` below zero (tf.nn.leaky_relu's default, Maas et al., 2013).
+LEAKY_RELU_SLOPE = 0.01
+
+
+def check_activation(name: str) -> None:
+  """ValueError naming torso_activation unless `name` is in `TORSO_ACTIVATIONS`."""
+  if name not in TORSO_ACTIVATIONS:
+    raise ValueError(f'torso_activation={name!r}: must be one of '
+                     f'{", ".join(TORSO_ACTIVATIONS)}')
+
+
+def activation(name: str):
+  """The elementwise op `name` names: float32 tensor -> same shape and dtype.
+
+  'relu': max(x, 0). 'leaky_relu': x where x > 0, else `LEAKY_RELU_SLOPE * x`
+  (a unit whose input stays below zero still passes a gradient, so it can come
+  back; a ReLU unit there is dead for good).
+  """
+  check_activation(name)
+  if name == 'relu':
+    return tf.nn.relu
+  return lambda x: tf.nn.leaky_relu(x, alpha=LEAKY_RELU_SLOPE)
 
 
 class SeedStream:

@@ -27,7 +27,8 @@ head scaled by 0.01, so the initial policy is close to uniform (maximum entropy)
 `weight_init='orthogonal'` (Baselines', CleanRL's and SB3's): orthogonal kernels
 with gain sqrt(2) in the torso, 0.01 for the policy logits and 1 for the baseline.
 The LSTM core's kernels are drawn as `layers.LSTMCell` says either way, and a
-user torso initialises itself.
+user torso initialises itself. `torso_activation` ('relu', the paper's, or
+'leaky_relu') is the built-in torsos' nonlinearity (`layers.activation`).
 
 Parameter counts for an 84x84x4 input, 6 actions (worked out in
 `tests/networks_test.py`): shallow 677,943; deep 1,091,031; an LSTM 256 core adds
@@ -91,7 +92,8 @@ class AgentNetwork(tf.Module):
                lstm_size: int = 256, seed: Optional[int] = None,
                name: str = 'agent', spaces: Optional[tuple] = None,
                popart: bool = False, shared_torso: bool = True,
-               popart_sigma_floor: float = 0.0, weight_init: str = 'glorot'):
+               popart_sigma_floor: float = 0.0, weight_init: str = 'glorot',
+               torso_activation: str = 'relu'):
     """Builds the network and creates all its variables.
 
     Args:
@@ -114,6 +116,8 @@ class AgentNetwork(tf.Module):
       shared_torso: False gives the baseline head its own MLP torso
         (`value_torso`, same `mlp_hidden_sizes`); 'mlp' without LSTM only.
       weight_init: 'glorot' or 'orthogonal' (the module docstring).
+      torso_activation: 'relu' or 'leaky_relu' (the module docstring); the
+        built-in torsos and the value MLP only.
 
     Raises:
       ValueError: naming `network` for a torso that does not fit the observations
@@ -130,6 +134,7 @@ class AgentNetwork(tf.Module):
     if int(num_actions) < 1:
       raise ValueError(f'num_actions={num_actions}: must be >= 1')
     layers.check_init(weight_init)
+    layers.check_activation(torso_activation)
     if not shared_torso and (torso != 'mlp' or use_lstm):
       raise ValueError(f'shared_torso=False: needs the mlp torso without an LSTM, '
                        f'got network={torso} use_lstm={use_lstm}')
@@ -146,13 +151,16 @@ class AgentNetwork(tf.Module):
                                           self.observation_shape, name='user_torso')
       elif torso == 'mlp':
         self.torso = torsos.MLP(self.observation_shape, mlp_hidden_sizes, seeds,
-                                name='mlp', weight_init=weight_init)
+                                name='mlp', weight_init=weight_init,
+                                activation=torso_activation)
       elif torso == 'shallow':
         self.torso = torsos.ShallowTorso(self.observation_shape, seeds,
-                                         name='shallow', weight_init=weight_init)
+                                         name='shallow', weight_init=weight_init,
+                                         activation=torso_activation)
       else:
         self.torso = torsos.DeepTorso(self.observation_shape, seeds, name='deep',
-                                      weight_init=weight_init)
+                                      weight_init=weight_init,
+                                      activation=torso_activation)
       out_size = self.torso.output_size
       if self.use_lstm:
         self.core = layers.LSTMCell(out_size + self.num_actions + 1, self.lstm_size,
@@ -167,7 +175,8 @@ class AgentNetwork(tf.Module):
       if not shared_torso:
         self.value_torso = torsos.MLP(self.observation_shape, mlp_hidden_sizes,
                                       seeds, name='value_mlp',
-                                      weight_init=weight_init)
+                                      weight_init=weight_init,
+                                      activation=torso_activation)
       self.baseline_head = layers.Linear(
           self.value_torso.output_size if self.value_torso else out_size, 1, seeds,
           name='baseline', init=weight_init)
@@ -335,7 +344,7 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
 
   Args:
     config: an `impala_tf.config.Config` (network, mlp_hidden_sizes, use_lstm,
-      lstm_size, seed, weight_init are read).
+      lstm_size, seed, weight_init, torso_activation are read).
     observation_space: the env's single observation space (a Box).
     action_space: the env's single action space (Discrete(n)).
 
@@ -391,4 +400,5 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
       shared_torso=config_lib.resolve_shared_torso(
           config.shared_torso, network, config.use_lstm),
       popart_sigma_floor=config.popart_sigma_floor,
-      weight_init=config.weight_init)
+      weight_init=config.weight_init,
+      torso_activation=config.torso_activation)

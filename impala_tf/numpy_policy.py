@@ -10,6 +10,8 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from impala_tf import layers
+
 
 class NumpyMLPPolicy:
   """The policy logits of a feed-forward MLP AgentNetwork, computed with numpy.
@@ -17,7 +19,8 @@ class NumpyMLPPolicy:
   Actors on the CPU act with tiny batches, where a TensorFlow call costs far more
   than the arithmetic and competes with the learner for TensorFlow's thread pools.
   For an MLP torso without a recurrent core this computes exactly what
-  `AgentNetwork.step(...).policy_logits` computes (same layers, ReLU, float32), from
+  `AgentNetwork.step(...).policy_logits` computes (same layers, ReLU or leaky
+  ReLU as `torso.activation` says, float32), from
   the weights the learner publishes (numpy arrays in `network.variables` order).
   Tests check it against the TensorFlow network.
 
@@ -38,6 +41,9 @@ class NumpyMLPPolicy:
     self._head_index = (index[network.policy_head.w.ref()],
                         index[network.policy_head.b.ref()])
     self._input_size = network.torso.input_size
+    # max(z, slope * z) is ReLU for slope 0 and leaky ReLU for 0 < slope < 1.
+    self._slope = np.float32(layers.LEAKY_RELU_SLOPE
+                             if network.torso.activation == 'leaky_relu' else 0.0)
     self._scale = 1.0 / 255.0 if network.observation_dtype == tf.uint8 else None
     self._layers = None
     self._head = None
@@ -60,6 +66,7 @@ class NumpyMLPPolicy:
     if self._scale is not None:
       x = x * np.float32(self._scale)
     for w, b in self._layers:
-      x = np.maximum(x @ w + b, 0.0)
+      z = x @ w + b
+      x = np.maximum(z, self._slope * z)
     w, b = self._head
     return x @ w + b

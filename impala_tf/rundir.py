@@ -329,7 +329,8 @@ def resume_differences(saved: Dict[str, object], config: config_lib.Config,
   'auto' resolved), `mlp_hidden_sizes` (mlp torso), `use_lstm`, `shared_torso`
   (resolved: whether a value MLP exists), `lstm_size` (with
   an LSTM), `weight_init` (the variables' start, which a resumed run cannot change:
-  its config.json would misstate the run), `optimizer`, `rmsprop_momentum` being 0
+  its config.json would misstate the run), `torso_activation` (the function the
+  variables were trained in), `optimizer`, `rmsprop_momentum` being 0
   or not (its slot), and the
   env's spaces (`frame_stack`, `use_lstm` for Atari); and `env` itself, even with
   the same spaces (a policy trained on one env is not a start on another).
@@ -381,6 +382,7 @@ def resume_differences(saved: Dict[str, object], config: config_lib.Config,
   if old('use_lstm') and config.use_lstm:
     differ('lstm_size', old('lstm_size'), config.lstm_size)
   differ('weight_init', old('weight_init'), config.weight_init)
+  differ('torso_activation', old('torso_activation'), config.torso_activation)
   differ('optimizer', old('optimizer'), config.optimizer)
   if old('optimizer') == config.optimizer == 'rmsprop':
     if (old('rmsprop_momentum') > 0) != (config.rmsprop_momentum > 0):

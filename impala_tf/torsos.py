@@ -9,6 +9,8 @@ variables are created in the constructors. Which torso a `network` value names
 
 `weight_init` ('glorot' or 'orthogonal', `layers.WEIGHT_INITS`) draws every
 kernel of a torso; orthogonal kernels get the ReLU gain sqrt(2) (`layers`).
+`activation` ('relu' or 'leaky_relu', `layers.activation`) is the nonlinearity
+wherever the paper's networks have a ReLU.
 """
 
 import math
@@ -27,16 +29,18 @@ def _init(weight_init: str) -> dict:
 
 
 class MLP(tf.Module):
-  """Flatten, then fully connected ReLU layers.
+  """Flatten, then fully connected layers, each followed by `activation`.
 
   Input float32 `[N, *input_shape]`; output float32 `[N, hidden_sizes[-1]]`.
   """
 
   def __init__(self, input_shape: Sequence[int], hidden_sizes: Sequence[int],
                seeds: layers.SeedStream, name: Optional[str] = None,
-               weight_init: str = 'glorot'):
+               weight_init: str = 'glorot', activation: str = 'relu'):
     super().__init__(name=name)
     init = _init(weight_init)
+    self.activation = activation
+    self._act = layers.activation(activation)
     hidden_sizes = tuple(int(h) for h in hidden_sizes)
     if not hidden_sizes or min(hidden_sizes) < 1:
       raise ValueError(f'mlp_hidden_sizes={hidden_sizes}: must be one or more '
@@ -54,7 +58,7 @@ class MLP(tf.Module):
     """Maps float32 `[N, *input_shape]` to float32 `[N, output_size]`."""
     x = tf.reshape(x, [-1, self.input_size])
     for layer in self.layers:
-      x = tf.nn.relu(layer(x))
+      x = self._act(layer(x))
     return x
 
 
@@ -74,14 +78,17 @@ class ShallowTorso(tf.Module):
   """IMPALA shallow torso (paper Fig. 3, left).
 
   conv 16 8x8 stride 4 VALID, ReLU; conv 32 4x4 stride 2 VALID, ReLU; flatten;
-  FC 256, ReLU. Input float32 `[N, H, W, C]` (or `[N, H, W]`); output float32
+  FC 256, ReLU (each ReLU `activation`). Input float32 `[N, H, W, C]` (or `[N, H, W]`); output float32
   `[N, 256]`. For 84x84: 84 -> 20 -> 9, so the FC sees 9 * 9 * 32 = 2592 inputs.
   """
 
   def __init__(self, input_shape: Sequence[int], seeds: layers.SeedStream,
-               name: Optional[str] = None, weight_init: str = 'glorot'):
+               name: Optional[str] = None, weight_init: str = 'glorot',
+               activation: str = 'relu'):
     super().__init__(name=name)
     init = _init(weight_init)
+    self.activation = activation
+    self._act = layers.activation(activation)
     self.input_shape = _image_shape(input_shape, 'shallow')
     h, w, c = self.input_shape
     with self.name_scope:
@@ -100,19 +107,21 @@ class ShallowTorso(tf.Module):
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
     """Maps float32 `[N, H, W, C]` to float32 `[N, 256]`."""
     x = tf.reshape(x, (-1,) + self.input_shape)
-    x = tf.nn.relu(self.conv1(x))
-    x = tf.nn.relu(self.conv2(x))
+    x = self._act(self.conv1(x))
+    x = self._act(self.conv2(x))
     x = tf.reshape(x, [-1, self.flat_size])
-    return tf.nn.relu(self.fc(x))
+    return self._act(self.fc(x))
 
 
 class _ResidualBlock(tf.Module):
-  """`x + conv(relu(conv(relu(x))))` with 3x3 SAME convs, `[N, H, W, C]` float32."""
+  """`x + conv(act(conv(act(x))))` with 3x3 SAME convs, `[N, H, W, C]` float32."""
 
   def __init__(self, channels: int, seeds: layers.SeedStream,
-               name: Optional[str] = None, init: Optional[dict] = None):
+               name: Optional[str] = None, init: Optional[dict] = None,
+               activation: str = 'relu'):
     super().__init__(name=name)
     init = init or {}
+    self._act = layers.activation(activation)
     with self.name_scope:
       self.conv1 = layers.Conv2D(channels, channels, 3, 1, 'SAME', seeds,
                                  name='conv1', **init)
@@ -120,8 +129,8 @@ class _ResidualBlock(tf.Module):
                                  name='conv2', **init)
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
-    y = self.conv1(tf.nn.relu(x))
-    y = self.conv2(tf.nn.relu(y))
+    y = self.conv1(self._act(x))
+    y = self.conv2(self._act(y))
     return x + y
 
 
@@ -129,13 +138,15 @@ class _DeepSection(tf.Module):
   """3x3 conv stride 1, 3x3 max-pool stride 2 (SAME), two residual blocks."""
 
   def __init__(self, in_channels: int, channels: int, seeds: layers.SeedStream,
-               name: Optional[str] = None, init: Optional[dict] = None):
+               name: Optional[str] = None, init: Optional[dict] = None,
+               activation: str = 'relu'):
     super().__init__(name=name)
     init = init or {}
     with self.name_scope:
       self.conv = layers.Conv2D(in_channels, channels, 3, 1, 'SAME', seeds,
                                 name='conv', **init)
-      self.blocks = [_ResidualBlock(channels, seeds, name=f'residual_{k}', init=init)
+      self.blocks = [_ResidualBlock(channels, seeds, name=f'residual_{k}', init=init,
+                                    activation=activation)
                      for k in range(2)]
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
@@ -151,23 +162,25 @@ class DeepTorso(tf.Module):
   """IMPALA deep (ResNet) torso (paper Fig. 3, right).
 
   Three sections with 16, 32, 32 channels (see `_DeepSection`); ReLU; flatten;
-  FC 256; ReLU. Input float32 `[N, H, W, C]` (or `[N, H, W]`); output float32
+  FC 256; ReLU (each ReLU `activation`). Input float32 `[N, H, W, C]` (or `[N, H, W]`); output float32
   `[N, 256]`. For 84x84: 84 -> 42 -> 21 -> 11, so the FC sees 11 * 11 * 32 = 3872
   inputs.
   """
 
   def __init__(self, input_shape: Sequence[int], seeds: layers.SeedStream,
                channels: Sequence[int] = (16, 32, 32), name: Optional[str] = None,
-               weight_init: str = 'glorot'):
+               weight_init: str = 'glorot', activation: str = 'relu'):
     super().__init__(name=name)
     init = _init(weight_init)
+    self.activation = activation
+    self._act = layers.activation(activation)
     self.input_shape = _image_shape(input_shape, 'deep')
     h, w, c = self.input_shape
     with self.name_scope:
       self.sections = []
       for k, ch in enumerate(channels):
         self.sections.append(_DeepSection(c, ch, seeds, name=f'section_{k}',
-                                          init=init))
+                                          init=init, activation=activation))
         c = ch
         h, w = -(-h // 2), -(-w // 2)
       self.flat_size = h * w * c
@@ -179,5 +192,5 @@ class DeepTorso(tf.Module):
     x = tf.reshape(x, (-1,) + self.input_shape)
     for section in self.sections:
       x = section(x)
-    x = tf.reshape(tf.nn.relu(x), [-1, self.flat_size])
-    return tf.nn.relu(self.fc(x))
+    x = tf.reshape(self._act(x), [-1, self.flat_size])
+    return self._act(self.fc(x))

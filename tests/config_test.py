@@ -90,6 +90,7 @@ CONFIG_ERRORS = [
     (dict(ppo_clip=-0.1), 'ppo_clip', '-0.1'),
     (dict(rmsprop_style='keras'), 'rmsprop_style', 'keras'),
     (dict(weight_init='he'), 'weight_init', 'he'),
+    (dict(torso_activation='gelu'), 'torso_activation', 'gelu'),
     (dict(shared_torso='yes'), 'shared_torso', 'yes'),
     (dict(eval_interval_frames=-1), 'eval_interval_frames', '-1'),
     (dict(eval_episodes=0), 'eval_episodes', '0'),

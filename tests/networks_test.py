@@ -502,3 +502,23 @@ def test_documented_parts_are_importable_from_networks():
       user_torso.UserTorso, user_torso.resolve_torso_fn)
   assert networks.PopArt is popart_lib.PopArt
   assert networks.NumpyMLPPolicy is numpy_policy.NumpyMLPPolicy
+
+
+@pytest.mark.parametrize('torso', ['mlp', 'shallow', 'deep'])
+def test_torso_activation_reaches_the_torsos_and_changes_only_the_function(torso):
+  relu = _net(torso, False)
+  leaky = _net(torso, False, torso_activation='leaky_relu')
+  assert relu.torso.activation == 'relu' and leaky.torso.activation == 'leaky_relu'
+  if torso == 'mlp':
+    split = _net(torso, False, torso_activation='leaky_relu', shared_torso=False)
+    assert split.value_torso.activation == 'leaky_relu'
+  # Same seed, same variables: only the nonlinearity differs.
+  for va, vb in zip(relu.trainable_variables, leaky.trainable_variables):
+    np.testing.assert_array_equal(va, vb)
+  shape, dtype = OBS[torso]
+  inputs = _inputs((B,), shape, dtype)
+  out_relu, _ = relu.step(inputs, ())
+  out_leaky, _ = leaky.step(inputs, ())
+  assert not np.allclose(out_relu.baseline, out_leaky.baseline)
+  with pytest.raises(ValueError, match="torso_activation='tanh': must be one of"):
+    _net(torso, False, torso_activation='tanh')

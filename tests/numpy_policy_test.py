@@ -9,12 +9,13 @@ from impala_tf import numpy_policy
 from impala_tf import types
 
 
+@pytest.mark.parametrize('activation', ['relu', 'leaky_relu'])
 @pytest.mark.parametrize('dtype,shape', [(tf.float32, (4,)), (tf.uint8, (6, 5, 2))])
-def test_numpy_mlp_policy_matches_tensorflow_logits(dtype, shape):
+def test_numpy_mlp_policy_matches_tensorflow_logits(dtype, shape, activation):
   learner_net = networks.AgentNetwork(shape, dtype, 3, mlp_hidden_sizes=(16, 8),
-                                      seed=1)
+                                      seed=1, torso_activation=activation)
   actor_net = networks.AgentNetwork(shape, dtype, 3, mlp_hidden_sizes=(16, 8),
-                                    seed=2)
+                                    seed=2, torso_activation=activation)
   policy = numpy_policy.NumpyMLPPolicy(actor_net)
   # Weights come from another instance, in `variables` order, as the learner sends.
   policy.set_weights([v.numpy() for v in learner_net.variables])

@@ -260,6 +260,7 @@ _REFUSED_CHANGES = {
     'shared_torso': dict(shared_torso=True),
     'lstm_size': dict(use_lstm=True, lstm_size=4),
     'weight_init': dict(weight_init='orthogonal'),
+    'torso_activation': dict(torso_activation='leaky_relu'),
     'optimizer': dict(optimizer='rmsprop'),
     'rmsprop_momentum': dict(optimizer='rmsprop', rmsprop_momentum=0.5),
 }

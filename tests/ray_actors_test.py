@@ -148,8 +148,11 @@ def test_actors_act_only_when_the_learner_queue_has_room(local_ray):
     pool.stop()
   # Read at version v: a chunk asked for when the previous read made room (v - 1)
   # or, made at v - 1 too, waiting while the other was read: lag 1 or 2. Acting
-  # ahead (two requests per actor, as before) read chunks 4-5 versions old.
-  assert max(lags[2:]) <= 2, lags
+  # ahead (two requests per actor, as before) read chunks 4-5 versions old on
+  # every read; one late chunk is a stalled actor on a loaded machine (a suite
+  # run on 2 cores read one at lag 6 among lags of 0).
+  late = [lag for lag in lags[2:] if lag > 2]
+  assert len(late) <= 1, lags
   assert np.mean(lags[2:]) <= 1.8, lags
 
 

@@ -50,10 +50,15 @@ def activation(name: str):
   (a unit whose input stays below zero still passes a gradient, so it can come
   back; a ReLU unit there is dead for good).
   """
-  check_activation(name)
-  if name == 'relu':
+  if negative_slope(name) == 0.0:
     return tf.nn.relu
   return lambda x: tf.nn.leaky_relu(x, alpha=LEAKY_RELU_SLOPE)
+
+
+def negative_slope(name: str) -> float:
+  """The slope of activation `name` below zero: 0.0 for 'relu'; ValueError else."""
+  check_activation(name)
+  return 0.0 if name == 'relu' else LEAKY_RELU_SLOPE
 
 
 class SeedStream:

@@ -42,8 +42,7 @@ class NumpyMLPPolicy:
                         index[network.policy_head.b.ref()])
     self._input_size = network.torso.input_size
     # max(z, slope * z) is ReLU for slope 0 and leaky ReLU for 0 < slope < 1.
-    self._slope = np.float32(layers.LEAKY_RELU_SLOPE
-                             if network.torso.activation == 'leaky_relu' else 0.0)
+    self._slope = np.float32(layers.negative_slope(network.torso.activation))
     self._scale = 1.0 / 255.0 if network.observation_dtype == tf.uint8 else None
     self._layers = None
     self._head = None

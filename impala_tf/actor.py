@@ -318,17 +318,25 @@ class Actor:
     buf['first'][0] = True
     state_at_start = state
     t = 0
+    # The policy's concrete function for this env's shapes, traced once: calling
+    # it skips tf.function's per-call signature matching (~20% of a call on a
+    # batch of 8 Atari frames).
+    policy = None
     while not self._stop.is_set():
       # Act at row t.
       if self._recurrent:
-        logits, new_state = self._policy(
-            buf['observation'][t], buf['prev_action'][t], buf['reward'][t],
-            buf['first'][t], state)
+        args = (buf['observation'][t], buf['prev_action'][t], buf['reward'][t],
+                buf['first'][t], state)
+        if policy is None:
+          policy = self._policy.get_concrete_function(*args)
+        logits, new_state = policy(*args)
         logits = logits.numpy()
       elif self._numpy_policy is not None:
         logits, new_state = self._numpy_policy(buf['observation'][t]), state
       else:
-        logits, new_state = self._policy(buf['observation'][t]).numpy(), state
+        if policy is None:
+          policy = self._policy.get_concrete_function(buf['observation'][t])
+        logits, new_state = policy(buf['observation'][t]).numpy(), state
       action = self._sample(logits)
       buf['action'][t] = action
       buf['behaviour_logits'][t] = logits

@@ -221,6 +221,31 @@ def test_policy_version_follows_broadcast():
   assert not np.allclose(_logits(new, chunks[3])[0], _logits(learner, chunks[3])[0])
 
 
+def test_tf_feedforward_policy_acts_with_published_weights(monkeypatch):
+  # The TF path of a feedforward network (conv torsos act there; the MLP is
+  # forced onto it): the traced policy reads the variables each refresh assigns.
+  monkeypatch.setattr(actor_lib.numpy_policy.NumpyMLPPolicy, 'supports',
+                      staticmethod(lambda network: False))
+  first, second = _net(seed=1), _net(seed=2)
+  broadcast = actor_lib.ParameterBroadcast()
+  broadcast.publish(1, [v.numpy() for v in first.variables])
+
+  def on_chunk(index):
+    if index == 0:
+      broadcast.publish(2, [v.numpy() for v in second.variables])
+
+  chunks, _, act = _run(_net(seed=0), 3, broadcast=broadcast, on_chunk=on_chunk)
+  assert act._numpy_policy is None
+  assert [int(c['policy_version'][0]) for c in chunks] == [1, 2, 2]
+  np.testing.assert_allclose(chunks[0]['behaviour_logits'], _logits(first, chunks[0])[0],
+                             rtol=1e-5, atol=1e-6)
+  for c in chunks[1:]:
+    rows = slice(1, None) if c is chunks[1] else slice(None)  # Row 0: acted before.
+    np.testing.assert_allclose(c['behaviour_logits'][:, rows],
+                               _logits(second, c)[0][:, rows], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(_logits(first, chunks[2])[0], _logits(second, chunks[2])[0])
+
+
 def test_lstm_core_state_chains_across_unrolls():
   net = _net(use_lstm=True, seed=4)
   chunks, _, _ = _run(net, 4)

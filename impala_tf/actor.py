@@ -120,6 +120,10 @@ class Actor:
     step_timeout: seconds to wait for one step of an env with `step_async` /
       `step_wait` (gymnasium's AsyncVectorEnv); None waits forever. Other envs
       step in this thread and cannot be timed out.
+    refresh_every_step: take newer published weights before every vector step
+      (`--actor_refresh=step`), not only between unrolls. An unroll's
+      `policy_version` is then the mean, rounded down, of the versions that
+      acted at its rows 0..T-1.
   """
 
   def __init__(self, actor_id: int, env, network, broadcast: ParameterBroadcast,
@@ -128,8 +132,10 @@ class Actor:
                episode_sink: Callable[[List[types.EpisodeStats]], None], seed: int,
                stop_event: threading.Event,
                rng: Optional[tf.random.Generator] = None,
-               env_id: str = '?', step_timeout: Optional[float] = None):
+               env_id: str = '?', step_timeout: Optional[float] = None,
+               refresh_every_step: bool = False):
     self.actor_id = actor_id
+    self._refresh_every_step = bool(refresh_every_step)
     self._env_id = env_id
     self._step_timeout = step_timeout
     self._async = step_timeout is not None and hasattr(env, 'step_wait')
@@ -322,8 +328,12 @@ class Actor:
     # it skips tf.function's per-call signature matching (~20% of a call on a
     # batch of 8 Atari frames).
     policy = None
+    row_version = np.zeros(t_len + 1, np.int64)  # The version acting at each row.
     while not self._stop.is_set():
       # Act at row t.
+      if self._refresh_every_step:
+        self._refresh()
+      row_version[t] = max(self._version, 0)
       if self._recurrent:
         args = (buf['observation'][t], buf['prev_action'][t], buf['reward'][t],
                 buf['first'][t], state)
@@ -341,11 +351,14 @@ class Actor:
       buf['action'][t] = action
       buf['behaviour_logits'][t] = logits
       if t == t_len:
-        yield self._chunk(buf, state_at_start, t_len)
+        version = (int(row_version[:t_len].mean()) if self._refresh_every_step
+                   else max(self._version, 0))
+        yield self._chunk(buf, state_at_start, version)
         last = {k: v[t_len].copy() for k, v in buf.items()}
         buf = buffers()
         for k, v in last.items():
           buf[k][0] = v
+        row_version[0] = row_version[t_len]
         state_at_start = state
         self._refresh()
         t = 0
@@ -365,15 +378,14 @@ class Actor:
       self.steps += b
       t = row
 
-  def _chunk(self, buf, state_at_start, t_len) -> Dict[str, np.ndarray]:
+  def _chunk(self, buf, state_at_start, version: int) -> Dict[str, np.ndarray]:
     b = self._num_envs
     chunk = {k: np.ascontiguousarray(np.swapaxes(v, 0, 1)) for k, v in buf.items()}
     for i, s in enumerate(state_at_start):
       chunk[f'core_state_{i}'] = np.asarray(s)
-    chunk['policy_version'] = np.full(b, max(self._version, 0), np.int64)
+    chunk['policy_version'] = np.full(b, version, np.int64)
     ids = self._unrolls_emitted + np.arange(b, dtype=np.int64)
     chunk['unroll_id'] = self.actor_id * (2**40) + ids
     chunk['replayed'] = np.zeros(b, bool)
     self._unrolls_emitted += b
-    del t_len
     return chunk

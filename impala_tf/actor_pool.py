@@ -140,7 +140,8 @@ def make_actor(config: config_lib.Config, actor_id: int, restarts: int,
     return actor_lib.Actor(actor_id + id_offset, env, net, broadcast, config.unroll_length,
                            emit, episode_sink, seed, stop_event, rng=rng,
                            env_id=config.env,
-                           step_timeout=config.env_step_timeout_secs)
+                           step_timeout=config.env_step_timeout_secs,
+                           refresh_every_step=config.actor_refresh == 'step')
   except BaseException:
     env.close()  # Its subprocesses (async envs) would outlive the failed build.
     raise

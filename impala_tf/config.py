@@ -37,6 +37,7 @@ LOSS_REDUCTIONS = ('sum', 'mean')
 ENV_VECTORIZATIONS = ('auto', 'sync', 'async')
 ENV_BACKENDS = ('auto', 'gymnasium', 'envpool')
 ACTOR_BACKENDS = ('threads', 'processes', 'ray')
+ACTOR_REFRESH = ('unroll', 'step')
 LEARNER_BACKENDS = ('local', 'ray')
 LEARNER_JIT = ('auto', 'on', 'off')
 
@@ -444,6 +445,17 @@ class Config:
       help=("Learner updates between refreshes of the actors' policy snapshots "
             '(RLlib: broadcast_interval). Range: >= 1.'),
       rule=_ints(1),
+      resume=RESUME_FREE)
+  actor_refresh: str = option(
+      'unroll', 'actors',
+      help=("When an actor takes the newest published weights: 'unroll' (between "
+            'its unrolls, as scalable_agent and RLlib) or \'step\' (before every '
+            "vector step, as SEED RL's and Sample Factory's inference acts with the "
+            'latest weights: the policy lag falls by about the updates made during '
+            'one unroll; each unroll then records the mean learner step of the '
+            "weights that acted in it). 'step' needs --actor_backend threads or "
+            'processes (a Ray actor gets weights with each unroll request).'),
+      rule=_one_of(ACTOR_REFRESH), choices=ACTOR_REFRESH,
       resume=RESUME_FREE)
   actor_backend: str = option(
       'threads', 'actors',
@@ -1186,6 +1198,10 @@ def _validate(c: Config):
             f'must ask for "GPU": {c.num_gpus} or more with --num_gpus={c.num_gpus} '
             f'(it asks for {asked:g}): Ray gives each learner worker only the GPUs '
             'it reserved, so without them workers would share or miss GPUs')
+  require(c.actor_refresh != 'step' or c.actor_backend != 'ray', 'actor_refresh',
+          "must be 'unroll' with --actor_backend=ray (a Ray actor gets the weights "
+          "with each unroll request, so it cannot take newer ones between steps); "
+          "'step' works with threads and processes")
   need = max(1, math.ceil(c.replay_proportion))
   require(c.replay_proportion == 0 or c.replay_buffer_num_slots >= need,
           'replay_buffer_num_slots',

@@ -246,6 +246,45 @@ def test_tf_feedforward_policy_acts_with_published_weights(monkeypatch):
   assert not np.allclose(_logits(first, chunks[2])[0], _logits(second, chunks[2])[0])
 
 
+@pytest.mark.parametrize('refresh_every_step', [False, True])
+def test_weights_published_mid_unroll_act_from_the_next_step_or_unroll(
+    refresh_every_step):
+  old, new = _net(seed=1), _net(seed=2)
+  broadcast = actor_lib.ParameterBroadcast()
+  broadcast.publish(1, [v.numpy() for v in old.variables])
+  env = environments.make_vector_env(testing.CHAIN_ID, B, seed=0,
+                                     vectorization='sync')
+  chunks = []
+  act = actor_lib.Actor(0, env, _net(seed=0), broadcast, T,
+                        lambda chunk: chunks.append(chunk) or len(chunks) < 2,
+                        lambda episodes: None, seed=0, stop_event=threading.Event(),
+                        refresh_every_step=refresh_every_step)
+  env_step = env.step
+
+  def step(action):  # Vector step 2 publishes version 2 (the learner, meanwhile).
+    if act._vector_steps == 2:
+      broadcast.publish(2, [v.numpy() for v in new.variables])
+    return env_step(action)
+
+  env.step = step
+  try:
+    act.run()
+  finally:
+    act.close()
+  first = 3 if refresh_every_step else T + 1  # First row acted with version 2.
+  def rows(per_chunk):  # Global rows 0..2T of the two chunks.
+    return np.concatenate([per_chunk(chunks[0])[:, :T], per_chunk(chunks[1])], axis=1)
+
+  acted = rows(lambda c: c['behaviour_logits'])
+  by_old, by_new = rows(lambda c: _logits(old, c)[0]), rows(lambda c: _logits(new, c)[0])
+  np.testing.assert_allclose(acted[:, :first], by_old[:, :first], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(acted[:, first:], by_new[:, first:], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(by_old, by_new)
+  # Step mode: the mean version of rows 0..T-1, rounded down: chunk 0 acted with
+  # 1, 1, 1, 2, 2 (-> 1), chunk 1 with 2 at every row.
+  assert [int(c['policy_version'][0]) for c in chunks] == [1, 2]
+
+
 def test_lstm_core_state_chains_across_unrolls():
   net = _net(use_lstm=True, seed=4)
   chunks, _, _ = _run(net, 4)

@@ -33,6 +33,7 @@ CONFIG_ERRORS = [
     (dict(unroll_length=True), 'unroll_length', 'True'),
     (dict(broadcast_interval=0), 'broadcast_interval', '0'),
     (dict(actor_backend='procs'), 'actor_backend', 'procs'),
+    (dict(actor_refresh='always'), 'actor_refresh', 'always'),
     (dict(ray_address='10.0.0.1: 6379'), 'ray_address', '10.0.0.1: 6379'),
     (dict(ray_connect_timeout_secs=0), 'ray_connect_timeout_secs', '0'),
     (dict(ray_actor_resources='{"CPU": -1}'), 'ray_actor_resources', '{"CPU": -1}'),
@@ -177,10 +178,13 @@ CONFIG_ERRORS = [
      'replay_buffer_num_slots', '3'),
     (dict(batch_size=64, unroll_length=100, total_environment_frames=6399),
      'total_environment_frames', '6399'),
+    (dict(actor_refresh='step', actor_backend='ray'), 'actor_refresh', 'step'),
 ]
 
 # Good values, each accepted (changes to Config(), and what the field then holds).
 GOOD_VALUES = [
+    dict(actor_refresh='step'),
+    dict(actor_refresh='step', actor_backend='processes'),
     dict(actor_backend='ray', ray_address='auto'),
     dict(actor_backend='ray', ray_address='10.0.0.1:6379',
          ray_actor_resources='{"CPU": 0.5, "actor_node": 1}'),

@@ -62,35 +62,6 @@ def sum_in_order(terms: Sequence[tf.Tensor]) -> tf.Tensor:
   return tf.reduce_sum(tf.stack(list(terms)), axis=0)
 
 
-def unroll_with_bootstrap(network: tf.Module, inputs: types.AgentInput,
-                          state: tuple, tape: tf.GradientTape):
-  """The network on rows `0..T-1` of a time-major batch, and V(x_T) beside them.
-
-  No loss term reaches row T: V-trace's targets stop the gradient, so only
-  `V(x_T)` is needed from it. A feedforward network (no core state) runs row T
-  outside `tape`, which spares its share of the backward pass (1 / (T + 1) of
-  it); a recurrent one unrolls all T + 1 rows on the tape (row T needs the
-  state after row T - 1).
-
-  Args:
-    network: an `AgentNetwork`.
-    inputs: `AgentInput` of `[T + 1, B, ...]` tensors.
-    state: the core state before row 0 (`()` for a feedforward network).
-    tape: the tape recording the loss.
-
-  Returns:
-    `(policy_logits float32 [T, B, A], values float32 [T, B],
-    bootstrap_value float32 [B])`.
-  """
-  if state:
-    out, _ = network.unroll(inputs, state)
-    return out.policy_logits[:-1], out.baseline[:-1], out.baseline[-1]
-  out, _ = network.unroll(tf.nest.map_structure(lambda x: x[:-1], inputs), state)
-  with tape.stop_recording():
-    last, _ = network.unroll(tf.nest.map_structure(lambda x: x[-1:], inputs), state)
-  return out.policy_logits, out.baseline, last.baseline[0]
-
-
 def shard_gradients(network: tf.Module, config: config_lib.Config,
                     batch: Dict[str, tf.Tensor], term_norms: bool,
                     reduce: Callable, entropy_cost: tf.Tensor,
@@ -141,14 +112,14 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
   if popart is not None:  # The statistics the forward pass uses.
     old_mu = tf.identity(popart.mu)
     old_sigma = popart.sigma_of(old_mu, tf.identity(popart.nu))  # float64
-  inputs = types.AgentInput(obs, prev_action, reward, first)
   with tf.GradientTape(persistent=term_norms) as tape:
-    logits, values, bootstrap_value = unroll_with_bootstrap(
-        network, inputs, state, tape)
+    out, _ = network.unroll(
+        types.AgentInput(obs, prev_action, reward, first), state)
+    values = out.baseline
     trajectory = losses.Trajectory(
-        target_logits=logits,
-        values=values,
-        bootstrap_value=bootstrap_value,
+        target_logits=out.policy_logits[:-1],
+        values=values[:-1],
+        bootstrap_value=values[-1],
         actions=action[:-1],
         behaviour_logits=behaviour_logits[:-1],
         rewards=clip_rewards(reward[1:] * c.reward_scale, c.reward_clipping),

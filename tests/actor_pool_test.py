@@ -169,6 +169,20 @@ def test_make_actor_builds_the_configured_actor():
   np.testing.assert_array_equal(chunk['unroll_id'], 2**40 + np.arange(3))
 
 
+@pytest.mark.parametrize('mode', ['unroll', 'step'])
+def test_make_actor_passes_the_refresh_mode(mode):
+  # Thread and process actors are built here (tests/actor_test.py checks what
+  # each mode does with the weights).
+  config = testing.tiny_config(actor_refresh=mode)
+  obs_space, action_space = environments.env_spaces(config.env)
+  from impala_tf import actor as actor_lib  # pylint: disable=g-import-not-at-top
+  act = actor_pool.make_actor(config, 0, 0, obs_space, action_space,
+                              actor_lib.ParameterBroadcast(), None, lambda e: None,
+                              threading.Event())
+  act.close()
+  assert act._refresh_every_step == (mode == 'step')  # pylint: disable=protected-access
+
+
 class _FoldProbe:
   """An actor that dies after 5 steps; when its steps are folded into the
   thread's total (`steps = 0`), another thread reads the total."""

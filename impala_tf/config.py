@@ -26,6 +26,7 @@ OPTIMIZERS = ('rmsprop', 'adam')
 RMSPROP_STYLES = ('tf1', 'torch')
 WEIGHT_INITS = ('glorot', 'orthogonal')
 TORSO_ACTIVATIONS = ('relu', 'leaky_relu')
+COMPUTE_DTYPES = ('float32', 'bfloat16')
 NETWORKS = ('auto', 'mlp', 'shallow', 'deep')
 NETWORK_ALLOWED = (
     f'must be one of {", ".join(NETWORKS)}, or MODULE:FUNCTION naming your own torso '
@@ -950,6 +951,19 @@ class Config:
             'affected.'),
       rule=_one_of(TORSO_ACTIVATIONS), choices=TORSO_ACTIVATIONS,
       resume=RESUME_REFUSED)
+  compute_dtype: str = option(
+      'float32', 'network',
+      help=("The precision the built-in torsos compute in, on the actors and the "
+            'learner alike. float32: everything. bfloat16 (mixed precision, as '
+            "Keras's mixed_bfloat16): the torso's inputs, kernels and activations "
+            'in bfloat16, its output cast back to float32; variables, the LSTM core, '
+            'the heads, V-trace, the losses and the optimizer stay float32, so no '
+            'loss scaling is needed. Faster where the hardware multiplies bfloat16 '
+            '(GPUs since Ampere, TPUs, CPUs with AVX512_BF16 or AMX: docs/'
+            'benchmarks.md); elsewhere TensorFlow emulates it, slowly. A user torso '
+            'chooses its own precision (float32 only).'),
+      rule=_one_of(COMPUTE_DTYPES), choices=COMPUTE_DTYPES,
+      resume=RESUME_WARNED)
   shared_torso: Optional[bool] = option(
       None, 'network',
       help=('Whether the policy and value heads share one torso. Unset (the '
@@ -1192,6 +1206,11 @@ def _validate(c: Config):
           'shared_torso',
           'must be True unless --network is mlp or auto (vector observations) and '
           '--use_lstm is off: a separate value torso is a second MLP')
+  require(c.compute_dtype == 'float32' or not is_user_network(c.network),
+          'compute_dtype',
+          'must be float32 with a user torso (--network=MODULE:FUNCTION): the '
+          'torso chooses its own precision; bfloat16 applies to the built-in '
+          'torsos')
   if c.learner_backend == 'ray' and c.num_learner_workers > 1 and c.num_gpus:
     asked = c.ray_learner_resources_dict.get('GPU', 0)
     require(asked >= c.num_gpus, 'ray_learner_resources',

@@ -290,7 +290,7 @@ def inter_op_threads(config: config_lib.Config,
   CPU replica (no GPU, no logical CPU devices, one learner worker) and `threads`
   actors that act with
   numpy (`numpy_policy.NumpyMLPPolicy`: an 'mlp' torso, or 'auto' on vector
-  observations, without LSTM). There the learner's ops run one after another on
+  observations, without LSTM, in float32). There the learner's ops run one after another on
   one pool thread instead of handing off between threads, which costs the actor
   thread's core less CPU (more env frames/s and learner frames/s on CartPole,
   docs/benchmarks.md). Actors that act with TensorFlow (conv nets, LSTMs) would
@@ -309,7 +309,8 @@ def inter_op_threads(config: config_lib.Config,
   if config.tf_inter_op_threads >= 0:
     return config.tf_inter_op_threads
   torso = torso_choice.resolve_torso(config.network, observation_shape)
-  numpy_actors = torso == 'mlp' and not config.use_lstm
+  numpy_actors = (torso == 'mlp' and not config.use_lstm and
+                  config.compute_dtype == 'float32')
   one_cpu_replica = (config.num_gpus == 0 and config.num_virtual_cpu_devices <= 1 and
                      config.num_learner_workers == 1)
   return 1 if (numpy_actors and one_cpu_replica and

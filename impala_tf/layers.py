@@ -19,7 +19,9 @@ so the values do not depend on TF's global seed or on how many ops ran before):
   forget bias; the parameter count is that of a standard LSTM).
 
 Shapes: layers map a flat batch `[N, ...]` (N is e.g. T * B of a time-major
-sequence, see `impala_tf/types.py`); all values are float32; images are NHWC.
+sequence, see `impala_tf/types.py`); images are NHWC. Variables are float32;
+`Linear` and `Conv2D` compute in their input's dtype (float32, or bfloat16 in a
+torso built with `compute_dtype='bfloat16'`), the LSTM cell in float32.
 """
 
 import math
@@ -142,8 +144,12 @@ class Linear(tf.Module):
       self.b = tf.Variable(tf.zeros([self.output_size]), name='b')
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
-    """Maps float32 `[N, input_size]` to float32 `[N, output_size]`."""
-    return tf.matmul(x, self.w) + self.b
+    """Maps `[N, input_size]` to `[N, output_size]` in `x`'s dtype.
+
+    float32, or bfloat16 in a bfloat16 torso: the variables stay float32 and are
+    cast to `x`'s dtype for the product (a no-op for float32).
+    """
+    return tf.matmul(x, tf.cast(self.w, x.dtype)) + tf.cast(self.b, x.dtype)
 
 
 class Conv2D(tf.Module):
@@ -180,9 +186,13 @@ class Conv2D(tf.Module):
     return (size - self.kernel) // self.stride + 1
 
   def __call__(self, x: tf.Tensor) -> tf.Tensor:
-    """Maps float32 `[N, H, W, in_channels]` to `[N, H', W', out_channels]`."""
-    y = tf.nn.conv2d(x, self.w, strides=self.stride, padding=self.padding)
-    return tf.nn.bias_add(y, self.b)
+    """Maps `[N, H, W, in_channels]` to `[N, H', W', out_channels]`, `x`'s dtype.
+
+    float32 or bfloat16, as `Linear`: the variables are cast to `x`'s dtype.
+    """
+    y = tf.nn.conv2d(x, tf.cast(self.w, x.dtype), strides=self.stride,
+                     padding=self.padding)
+    return tf.nn.bias_add(y, tf.cast(self.b, x.dtype))
 
 
 class LSTMCell(tf.Module):

@@ -30,6 +30,13 @@ The LSTM core's kernels are drawn as `layers.LSTMCell` says either way, and a
 user torso initialises itself. `torso_activation` ('relu', the paper's, or
 'leaky_relu') is the built-in torsos' nonlinearity (`layers.activation`).
 
+Precision: `compute_dtype='float32'` (the default) computes everything in
+float32. 'bfloat16' is mixed precision for the built-in torsos: the observation is
+cast to bfloat16 (uint8 pixels straight to bfloat16, then divided by 255), each
+layer casts its float32 variables to bfloat16 for the product, and the torso's
+output is cast back to float32 before the LSTM core and the heads, so the logits
+and the baseline are float32 and every variable and gradient stays float32.
+
 Parameter counts for an 84x84x4 input, 6 actions (worked out in
 `tests/networks_test.py`): shallow 677,943; deep 1,091,031; an LSTM 256 core adds
 532,480 (input 256 + 6 + 1 = 263: (263 + 256) * 1024 + 1024).
@@ -93,7 +100,7 @@ class AgentNetwork(tf.Module):
                name: str = 'agent', spaces: Optional[tuple] = None,
                popart: bool = False, shared_torso: bool = True,
                popart_sigma_floor: float = 0.0, weight_init: str = 'glorot',
-               torso_activation: str = 'relu'):
+               torso_activation: str = 'relu', compute_dtype: str = 'float32'):
     """Builds the network and creates all its variables.
 
     Args:
@@ -118,6 +125,8 @@ class AgentNetwork(tf.Module):
       weight_init: 'glorot' or 'orthogonal' (the module docstring).
       torso_activation: 'relu' or 'leaky_relu' (the module docstring); the
         built-in torsos and the value MLP only.
+      compute_dtype: 'float32' or 'bfloat16', the built-in torsos' precision
+        (the module docstring); a user torso needs 'float32'.
 
     Raises:
       ValueError: naming `network` for a torso that does not fit the observations
@@ -135,6 +144,13 @@ class AgentNetwork(tf.Module):
       raise ValueError(f'num_actions={num_actions}: must be >= 1')
     layers.check_init(weight_init)
     layers.check_activation(torso_activation)
+    if compute_dtype not in config_lib.COMPUTE_DTYPES:
+      raise ValueError(f'compute_dtype={compute_dtype!r}: must be one of '
+                       f'{", ".join(config_lib.COMPUTE_DTYPES)}')
+    if user and compute_dtype != 'float32':
+      raise ValueError(f'compute_dtype={compute_dtype!r}: a user torso '
+                       f'(network={torso}) needs float32; it chooses its own '
+                       'precision')
     if not shared_torso and (torso != 'mlp' or use_lstm):
       raise ValueError(f'shared_torso=False: needs the mlp torso without an LSTM, '
                        f'got network={torso} use_lstm={use_lstm}')
@@ -144,6 +160,7 @@ class AgentNetwork(tf.Module):
     self.use_lstm = bool(use_lstm)
     self.lstm_size = int(lstm_size)
     self.torso_name = torso
+    self.compute_dtype = tf.as_dtype(compute_dtype)
     seeds = layers.SeedStream(seed)
     with self.name_scope:
       if user:
@@ -206,12 +223,14 @@ class AgentNetwork(tf.Module):
 
   def _embed(self, observation: tf.Tensor):
     """`[N, *observation_shape]` (any dtype) -> (torso float32 `[N, F]`, value
-    torso float32 `[N, F_v]` or None when the torso is shared)."""
+    torso float32 `[N, F_v]` or None when the torso is shared), computed in
+    `compute_dtype`."""
+    dtype = self.compute_dtype
+    x = tf.cast(observation, dtype)
     if observation.dtype == tf.uint8:
-      x = tf.cast(observation, tf.float32) / 255.0
-    else:
-      x = tf.cast(observation, tf.float32)
-    return self.torso(x), (self.value_torso(x) if self.value_torso else None)
+      x = x / tf.constant(255.0, dtype)
+    out = lambda torso: tf.cast(torso(x), tf.float32)
+    return out(self.torso), (out(self.value_torso) if self.value_torso else None)
 
   def _core_input(self, torso_out, prev_action, reward) -> tf.Tensor:
     """float32 `[N, F]`, int32 `[N]`, float32 `[N]` -> float32 `[N, F + A + 1]`."""
@@ -344,7 +363,7 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
 
   Args:
     config: an `impala_tf.config.Config` (network, mlp_hidden_sizes, use_lstm,
-      lstm_size, seed, weight_init, torso_activation are read).
+      lstm_size, seed, weight_init, torso_activation, compute_dtype are read).
     observation_space: the env's single observation space (a Box).
     action_space: the env's single action space (Discrete(n)).
 
@@ -401,4 +420,5 @@ def make_network(config, observation_space, action_space) -> AgentNetwork:
           config.shared_torso, network, config.use_lstm),
       popart_sigma_floor=config.popart_sigma_floor,
       weight_init=config.weight_init,
-      torso_activation=config.torso_activation)
+      torso_activation=config.torso_activation,
+      compute_dtype=config.compute_dtype)

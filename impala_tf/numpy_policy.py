@@ -49,7 +49,8 @@ class NumpyMLPPolicy:
 
   @staticmethod
   def supports(network: 'AgentNetwork') -> bool:
-    return network.torso_name == 'mlp' and not network.use_lstm
+    return (network.torso_name == 'mlp' and not network.use_lstm and
+            network.compute_dtype == 'float32')
 
   def set_weights(self, weights: Sequence[np.ndarray]):
     """weights: numpy arrays in `network.variables` order (as the learner sends)."""

@@ -25,7 +25,9 @@ class NumpyMLPPolicy:
   Tests check it against the TensorFlow network.
 
   Args:
-    network: an AgentNetwork with `torso_name == 'mlp'` and `use_lstm == False`.
+    network: an AgentNetwork with `torso_name == 'mlp'`, `use_lstm == False` and
+      `compute_dtype == float32` (a bfloat16 torso acts with TensorFlow, so the
+      actors' logits are the learner's).
 
   Raises:
     ValueError: for other networks (use `supports(network)` to check first).
@@ -33,8 +35,9 @@ class NumpyMLPPolicy:
 
   def __init__(self, network: 'AgentNetwork'):
     if not self.supports(network):
-      raise ValueError('NumpyMLPPolicy needs an MLP network without an LSTM core, '
-                       f'got torso={network.torso_name} use_lstm={network.use_lstm}')
+      raise ValueError('NumpyMLPPolicy needs a float32 MLP network without an LSTM '
+                       f'core, got torso={network.torso_name} use_lstm='
+                       f'{network.use_lstm} compute_dtype={network.compute_dtype.name}')
     index = {v.ref(): i for i, v in enumerate(network.variables)}
     self._layer_index = [(index[l.w.ref()], index[l.b.ref()])
                          for l in network.torso.layers]

@@ -195,6 +195,7 @@ def test_two_virtual_cpu_devices_in_a_subprocess(tmp_path):
     ({}, [84, 84, 4], 0),  # 'auto' on images: a conv net, TensorFlow actors.
     (dict(network='shallow'), [84, 84, 4], 0),
     (dict(use_lstm=True), [4], 0),
+    (dict(compute_dtype='bfloat16'), [4], 0),  # A bfloat16 MLP acts with TF.
     (dict(actor_backend='ray'), [4], 0),
     (dict(num_virtual_cpu_devices=2), [4], 0),
     (dict(num_learner_workers=2), [4], 0),

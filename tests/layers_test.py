@@ -74,3 +74,43 @@ def test_lstm_cell_parameters_forget_bias_and_orthogonal_recurrence():
     np.testing.assert_allclose(w.T @ w, np.eye(3), atol=1e-5)
   out, (h, c) = cell(tf.ones([2, 5]), cell.initial_state(2))
   assert out.shape == h.shape == c.shape == (2, 3)
+
+
+def _bfloat16_round(x):
+  """float32 numpy -> the nearest bfloat16 values, as float64."""
+  return tf.cast(tf.cast(x, tf.bfloat16), tf.float64).numpy()
+
+
+def test_linear_and_conv2d_compute_in_their_inputs_dtype_with_float32_variables():
+  rng = np.random.default_rng(0)
+  seeds = layers.SeedStream(0)
+  linear = layers.Linear(6, 5, seeds)
+  conv = layers.Conv2D(2, 3, 3, 2, 'VALID', seeds)
+  for layer in (linear, conv):
+    layer.b.assign(rng.standard_normal(layer.b.shape).astype(np.float32))
+  x_lin = rng.standard_normal((4, 6)).astype(np.float32)
+  x_conv = rng.standard_normal((2, 7, 7, 2)).astype(np.float32)
+
+  def by_hand(layer, x):  # float64, from bfloat16-rounded inputs and variables.
+    x, w, b = _bfloat16_round(x), _bfloat16_round(layer.w), _bfloat16_round(layer.b)
+    if layer is linear:
+      return x @ w + b
+    out = np.zeros((x.shape[0], 3, 3, 3))
+    for i in range(3):
+      for j in range(3):
+        patch = x[:, 2 * i:2 * i + 3, 2 * j:2 * j + 3, :]
+        out[:, i, j] = np.einsum('nhwc,hwco->no', patch, w)
+    return out + b
+
+  for layer, x in ((linear, x_lin), (conv, x_conv)):
+    full = layer(tf.constant(x))
+    half = layer(tf.cast(x, tf.bfloat16))
+    assert full.dtype == tf.float32 and half.dtype == tf.bfloat16
+    assert layer.w.dtype == layer.b.dtype == tf.float32
+    want = by_hand(layer, x)
+    scale = np.abs(want).max()
+    # bfloat16 keeps 8 significant bits: each output within a few of its ulps.
+    np.testing.assert_allclose(tf.cast(half, tf.float64), want, rtol=2e-2,
+                               atol=1e-2 * scale)
+    np.testing.assert_allclose(full, want, rtol=2e-2, atol=1e-2 * scale)
+    assert not np.array_equal(tf.cast(half, tf.float32).numpy(), full.numpy())

@@ -367,7 +367,10 @@ def test_make_network_auto_and_errors():
   assert net.torso_name == 'deep' and net.observation_dtype == tf.uint8
   net = networks.make_network(cfg.replace(network='shallow'), img,
                               gym.spaces.Discrete(5))
-  assert net.torso_name == 'shallow'
+  assert net.torso_name == 'shallow' and net.compute_dtype == tf.float32
+  net = networks.make_network(cfg.replace(network='shallow', compute_dtype='bfloat16'),
+                              img, gym.spaces.Discrete(5))
+  assert net.compute_dtype == tf.bfloat16
   # mlp on images flattens them.
   net = networks.make_network(cfg.replace(network='mlp'), img, gym.spaces.Discrete(5))
   assert net.torso.input_size == 20 * 20 * 3
@@ -522,3 +525,61 @@ def test_torso_activation_reaches_the_torsos_and_changes_only_the_function(torso
   assert not np.allclose(out_relu.baseline, out_leaky.baseline)
   with pytest.raises(ValueError, match="torso_activation='tanh': must be one of"):
     _net(torso, False, torso_activation='tanh')
+
+
+def _op_dtypes(net, inputs, op_type):
+  """The dtypes (attr T) of the `op_type` ops in the graph of `net.step`."""
+  fn = tf.function(lambda x: net.step(x, net.initial_state(B)))
+  graph = fn.get_concrete_function(inputs).graph
+  return {op.get_attr('T') for op in graph.get_operations() if op.type == op_type}
+
+
+@pytest.mark.parametrize('use_lstm', [False, True])
+@pytest.mark.parametrize('torso', ['mlp', 'shallow', 'deep'])
+def test_bfloat16_torso_computes_in_bfloat16_and_returns_float32(torso, use_lstm):
+  kw = dict(shared_torso=False) if torso == 'mlp' and not use_lstm else {}
+  full = _net(torso, use_lstm, seed=4, **kw)
+  half = _net(torso, use_lstm, seed=4, compute_dtype='bfloat16', **kw)
+  assert full.compute_dtype == tf.float32 and half.compute_dtype == tf.bfloat16
+  # The same float32 variables: only the arithmetic differs.
+  for va, vb in zip(full.variables, half.variables):
+    assert va.dtype == vb.dtype == tf.float32
+    np.testing.assert_array_equal(va, vb)
+  shape, dtype = OBS[torso]
+  step_inputs = _inputs((B,), shape, dtype)
+  layer_op = 'MatMul' if torso == 'mlp' else 'Conv2D'
+  assert _op_dtypes(full, step_inputs, layer_op) == {tf.float32}
+  assert tf.bfloat16 in _op_dtypes(half, step_inputs, layer_op)
+  # The heads (and the LSTM core) stay float32.
+  assert tf.float32 in _op_dtypes(half, step_inputs, 'MatMul')
+
+  inputs = _inputs((T, B), shape, dtype)
+
+  def run(net):
+    with tf.GradientTape() as tape:
+      out, final = net.unroll(inputs, net.initial_state(B))
+      loss = tf.reduce_sum(out.policy_logits**2) + tf.reduce_sum(out.baseline**2)
+    return out, final, tape.gradient(loss, net.trainable_variables)
+
+  (out_f, _, grads_f), (out_h, final_h, grads_h) = run(full), run(half)
+  assert out_h.policy_logits.dtype == out_h.baseline.dtype == tf.float32
+  assert all(s.dtype == tf.float32 for s in final_h)
+  for a, b in ((out_f.policy_logits, out_h.policy_logits),
+               (out_f.baseline, out_h.baseline)):
+    scale = np.abs(a.numpy()).max()
+    np.testing.assert_allclose(b, a, rtol=0.05, atol=0.02 * scale)
+    assert not np.array_equal(a.numpy(), b.numpy())
+  # Every gradient is float32 and points where the float32 one does.
+  flat = lambda gs: np.concatenate([g.numpy().ravel() for g in gs])
+  assert all(g.dtype == tf.float32 for g in grads_h)
+  gf, gh = flat(grads_f), flat(grads_h)
+  assert gf @ gh / (np.linalg.norm(gf) * np.linalg.norm(gh)) > 0.99
+
+
+def test_compute_dtype_errors_name_the_argument():
+  with pytest.raises(ValueError, match="compute_dtype='float16': must be one of "
+                     'float32, bfloat16'):
+    _net('mlp', False, compute_dtype='float16')
+  with pytest.raises(ValueError, match="compute_dtype='bfloat16': a user torso"):
+    networks.AgentNetwork((5,), np.float32, A, torso='my_module:my_torso',
+                          spaces=(None, None), compute_dtype='bfloat16')

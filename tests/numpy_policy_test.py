@@ -32,7 +32,11 @@ def test_numpy_mlp_policy_refuses_recurrent_and_conv_networks():
   lstm = networks.AgentNetwork((4,), tf.float32, 2, mlp_hidden_sizes=(8,),
                                use_lstm=True, lstm_size=4)
   conv = networks.AgentNetwork((36, 36, 2), tf.uint8, 2, torso='deep')
-  for net in (lstm, conv):
+  bf16 = networks.AgentNetwork((4,), tf.float32, 2, mlp_hidden_sizes=(8,),
+                               compute_dtype='bfloat16')
+  assert numpy_policy.NumpyMLPPolicy.supports(
+      networks.AgentNetwork((4,), tf.float32, 2, mlp_hidden_sizes=(8,)))
+  for net in (lstm, conv, bf16):
     assert not numpy_policy.NumpyMLPPolicy.supports(net)
-    with pytest.raises(ValueError, match='MLP network without an LSTM'):
+    with pytest.raises(ValueError, match='float32 MLP network without an LSTM'):
       numpy_policy.NumpyMLPPolicy(net)

@@ -23,7 +23,8 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
   package's published result (`--mark=20e6:18:RLlib tuned IMPALA`), as a marker
   at FRAMES env frames (`--x=frames` only) and RETURN, named TEXT in the legend.
 * `--legend=outside` puts the legend right of the axes on a wider figure (1000 x
-  450 pixels instead of 700 x 400), where many entries would hide the curves.
+  450 pixels instead of 700 x 400, taller when the legend needs it: 0.19 inch per
+  entry), where many entries would hide the curves.
 * The title names the env and the frames (`PongNoFrameskip-v4, 11.2M env
   frames`); `--title` replaces it. `--env` names the env of runs without a
   config.json.
@@ -82,6 +83,10 @@ class PlotError(ValueError):
 
 
 LEGENDS = ('inside', 'outside')
+# Height of the figure with the legend outside: padding plus one row per entry
+# (inches; fontsize 'small' at 100 dpi).
+OUTSIDE_LEGEND_PAD_IN = 0.6
+OUTSIDE_LEGEND_ENTRY_IN = 0.19
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -399,6 +404,10 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   ax.set_title(title)
   ax.grid(alpha=0.3)
   if legend == 'outside':
+    # Taller than 4.5 inches when the entries need it, so none is cut off.
+    entries = len(ax.get_legend_handles_labels()[1])
+    fig.set_size_inches(10, max(4.5, OUTSIDE_LEGEND_PAD_IN +
+                                OUTSIDE_LEGEND_ENTRY_IN * entries))
     ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize='small',
               borderaxespad=0.0)
   else:

@@ -160,6 +160,13 @@ def test_legend_outside_widens_the_figure_and_bad_values_are_one_error(runs,
   out = str(tmp_path / 'outside.png')
   plot.plot([other], out, marks=['20e6:18:RLlib tuned IMPALA'], legend='outside')
   assert _png_shape(out)[:2] == (450, 1000)
+  # Thirty references do not fit in 4.5 inches: the figure grows to hold them.
+  marks = [f'{k}e5:{k - 20}:reference {k}' for k in range(1, 31)]
+  plot.plot([other], out, marks=marks, legend='outside')
+  height, width = _png_shape(out)[:2]
+  assert width == 1000
+  assert height >= 100 * (plot.OUTSIDE_LEGEND_PAD_IN +
+                          plot.OUTSIDE_LEGEND_ENTRY_IN * 31) - 1
   with pytest.raises(plot.PlotError,
                      match='^--legend=left: must be one of inside, outside$'):
     plot.plot([other], out, legend='left')

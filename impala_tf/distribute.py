@@ -288,11 +288,10 @@ def inter_op_threads(config: config_lib.Config,
 
   -1 (auto) gives 1 where the learner is the process's only TensorFlow work: one
   CPU replica (no GPU, no logical CPU devices, one learner worker) and `threads`
-  actors that act with
-  numpy (`numpy_policy.NumpyMLPPolicy`: an 'mlp' torso, or 'auto' on vector
-  observations, without LSTM, in float32). There the learner's ops run one after another on
-  one pool thread instead of handing off between threads, which costs the actor
-  thread's core less CPU (more env frames/s and learner frames/s on CartPole,
+  actors that act with numpy (`numpy_policy.NumpyMLPPolicy`: an 'mlp' torso, or
+  'auto' on vector observations, without LSTM, in float32). There the learner's
+  ops run one after another on one pool thread instead of handing off between
+  threads, which costs the actor thread's core less CPU (more env frames/s and learner frames/s on CartPole,
   docs/benchmarks.md). Actors that act with TensorFlow (conv nets, LSTMs) would
   queue their calls behind the learner's ops on that one thread (slower on Pong
   with the shallow net), so they keep TensorFlow's default, as do GPUs

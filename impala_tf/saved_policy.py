@@ -111,7 +111,9 @@ def _plain_copy(network):
         popart=network.popart is not None,
         popart_sigma_floor=(network.popart.sigma_floor if network.popart
                             else 0.0),
-        shared_torso=network.value_torso is None)
+        shared_torso=network.value_torso is None,
+        torso_activation='relu' if user else network.torso.activation,
+        compute_dtype=network.compute_dtype.name)
   if len(copy.variables) != len(network.variables):
     raise ValueError(f'cannot copy network {network.name}: {len(network.variables)} '
                      f'variables, the rebuilt copy has {len(copy.variables)}')

@@ -13,8 +13,14 @@ from impala_tf import testing
 from impala_tf import types
 
 
-def test_save_policy_serves_the_network(tmp_path):
-  cfg = testing.tiny_config(logdir=str(tmp_path))
+@pytest.mark.parametrize('flags', [
+    {},
+    # The copy that is saved keeps the activation and the precision.
+    dict(torso_activation='leaky_relu'),
+    dict(torso_activation='leaky_relu', compute_dtype='bfloat16'),
+])
+def test_save_policy_serves_the_network(tmp_path, flags):
+  cfg = testing.tiny_config(logdir=str(tmp_path), **flags)
   net = checkpoints.build_network(cfg)
   saved_policy.save_policy(net, str(tmp_path / 'policy'))
   sig = tf.saved_model.load(str(tmp_path / 'policy')).signatures['serving_default']

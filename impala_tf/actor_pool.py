@@ -294,6 +294,7 @@ class _ActorThread(threading.Thread):
           return
         self.restarts += 1
       finally:
+        pool.queue.release_claim()  # A dead actor's slot is free for the others.
         if self.actor is not None:
           with self._steps_lock:
             self.steps_done += self.actor.steps

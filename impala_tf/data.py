@@ -18,7 +18,7 @@ recurrent state as `core_state_0`, `core_state_1`, ...) plus `reuse` (int32 `[B]
 on a batch's first use), which lets the learner count each batch's frames once.
 """
 
-import queue
+import collections
 import threading
 import time
 from typing import Callable, Dict, Optional, Sequence
@@ -38,66 +38,122 @@ class LearnerQueueTimeout(RuntimeError):
 class LearnerQueue:
   """Bounded queue of actor chunks with back-pressure and a stall timeout.
 
+  A slot is either holding a chunk or claimed by an actor thread that is
+  collecting the chunk for it (`claim_room`): `maxsize` bounds the chunks queued
+  and the chunks being collected together, so no chunk ever waits in an actor's
+  hands for a slot another actor took first.
+
   Args:
-    maxsize: learner_queue_size, chunks (each num_envs_per_actor unrolls) held.
+    maxsize: learner_queue_size, chunks (each num_envs_per_actor unrolls) held or
+      claimed; >= 1.
     timeout: learner_queue_timeout, seconds a reader waits before giving up.
     stop_event: set to stop every blocked reader and writer.
   """
 
   def __init__(self, maxsize: int, timeout: float, stop_event: threading.Event):
-    self._queue = queue.Queue(maxsize=maxsize)
+    if maxsize < 1:
+      raise ValueError(f'learner_queue_size={maxsize}: must be >= 1')
+    self._maxsize = maxsize
+    self._items = collections.deque()
+    self._claims = 0  # Slots claimed by threads collecting a chunk.
+    self._holder = threading.local()  # .claimed: this thread holds a claim.
+    self._cond = threading.Condition()
     self._timeout = timeout
     self._stop = stop_event
     self.num_put = 0
     self.num_got = 0
 
   def qsize(self) -> int:
-    return self._queue.qsize()
+    return len(self._items)
 
   @property
   def maxsize(self) -> int:
-    return self._queue.maxsize
+    return self._maxsize
 
-  def put(self, chunk: Arrays) -> bool:
-    """Blocks while the queue is full. Returns False when stopped instead."""
-    while not self._stop.is_set():
-      try:
-        self._queue.put(chunk, timeout=0.1)
-        self.num_put += 1
-        return True
-      except queue.Full:
-        continue
-    return False
+  @property
+  def claims(self) -> int:
+    """Slots claimed by actor threads still collecting their chunk."""
+    return self._claims
 
-  def wait_for_room(self, timeout: Optional[float] = None) -> bool:
-    """Blocks while the queue is full. Returns False when stopped instead.
+  def _has_room(self) -> bool:
+    return len(self._items) + self._claims < self._maxsize
 
-    With a `timeout` (seconds) it also returns False once that has passed with the
-    queue still full.
+  def _holds_claim(self) -> bool:
+    return getattr(self._holder, 'claimed', False)
 
-    An actor that calls this before it starts an unroll acts with the weights of
-    when room appeared, not of when its previous put began: a chunk waits in the
-    queue, never in the actor's hands. Where the actors outpace the learner this
-    lowers the policy lag (about halves it on CartPole, docs/design.md, "The input
-    pipeline"); where they do not, the queue has room and this
-    returns at once. The learner still finds a chunk ready whenever the actors keep
-    up, so throughput does not change.
-    """
+  def _wait_locked(self, ready: Callable[[], bool],
+                   timeout: Optional[float] = None) -> bool:
+    """Waits (holding the condition) until `ready()`; False if stopped or timed out."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while not self._stop.is_set():
-      # not_full shares the queue's (non-reentrant) mutex: read the length directly.
-      with self._queue.not_full:
-        if self._queue.maxsize <= 0 or len(self._queue.queue) < self._queue.maxsize:
-          return True
-        left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-        if left <= 0:
-          return False
-        self._queue.not_full.wait(timeout=left)
+      if ready():
+        return True
+      left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+      if left <= 0:
+        return False
+      self._cond.wait(timeout=left)
     return False
 
+  def put(self, chunk: Arrays) -> bool:
+    """Queues `chunk`. Returns False when stopped instead.
+
+    A thread holding a claim (`claim_room`) puts into its claimed slot at once;
+    any other waits while every slot is full or claimed.
+    """
+    with self._cond:
+      if self._holds_claim():
+        self._release_locked()
+        if self._stop.is_set():
+          return False
+      elif not self._wait_locked(self._has_room):
+        return False
+      self._items.append(chunk)
+      self.num_put += 1
+      self._cond.notify_all()
+      return True
+
+  def wait_for_room(self, timeout: Optional[float] = None) -> bool:
+    """Blocks while every slot is full or claimed. False when stopped instead.
+
+    With a `timeout` (seconds) it also returns False once that has passed with no
+    room. It claims nothing: a later `put` may still wait (the Ray actors' poll).
+    """
+    with self._cond:
+      return self._wait_locked(self._has_room, timeout)
+
+  def claim_room(self) -> bool:
+    """Waits for room, then claims a slot for this thread's next chunk.
+
+    An actor that calls this before it starts an unroll acts with the weights of
+    when its slot came free, and its `put` never waits: a chunk waits in the
+    queue, never in the actor's hands. Where the actors outpace the learner this
+    lowers the policy lag (docs/design.md, "The input pipeline"); where they do
+    not, there is room and this returns at once. Returns False when stopped. A
+    thread that ends holding a claim must `release_claim`.
+    """
+    with self._cond:
+      if self._holds_claim():
+        return True
+      if not self._wait_locked(self._has_room):
+        return False
+      self._claims += 1
+      self._holder.claimed = True
+      return True
+
+  def _release_locked(self):
+    self._claims -= 1
+    self._holder.claimed = False
+    self._cond.notify_all()
+
+  def release_claim(self):
+    """Gives back this thread's claim, if it holds one (an actor that ends)."""
+    with self._cond:
+      if self._holds_claim():
+        self._release_locked()
+
   def put_then_wait_for_room(self, chunk: Arrays) -> bool:
-    """`put`, then `wait_for_room`: the thread actors' emit callback."""
-    return self.put(chunk) and self.wait_for_room()
+    """`put`, then `claim_room`: the thread actors' emit callback."""
+    return self.put(chunk) and self.claim_room()
 
   def get(self) -> Optional[Arrays]:
     """Returns the next chunk, or None when stopped.
@@ -105,20 +161,18 @@ class LearnerQueue:
     Raises:
       LearnerQueueTimeout: when nothing arrived for `timeout` seconds.
     """
-    waited = 0.0
-    while not self._stop.is_set():
-      try:
-        chunk = self._queue.get(timeout=0.1)
-        self.num_got += 1
-        return chunk
-      except queue.Empty:
-        waited += 0.1
-        if waited >= self._timeout:
-          raise LearnerQueueTimeout(
-              f'no unroll reached the learner for {self._timeout:g} s '
-              '(--learner_queue_timeout): the actors are stalled or too slow; check '
-              'the env, or raise --learner_queue_timeout') from None
-    return None
+    with self._cond:
+      if not self._wait_locked(lambda: bool(self._items), self._timeout):
+        if self._stop.is_set():
+          return None
+        raise LearnerQueueTimeout(
+            f'no unroll reached the learner for {self._timeout:g} s '
+            '(--learner_queue_timeout): the actors are stalled or too slow; check '
+            'the env, or raise --learner_queue_timeout')
+      chunk = self._items.popleft()
+      self.num_got += 1
+      self._cond.notify_all()
+      return chunk
 
 
 def unroll_signature(observation_shape: Sequence[int], observation_dtype,

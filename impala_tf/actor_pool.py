@@ -278,7 +278,10 @@ class _ActorThread(threading.Thread):
     while not stop.is_set():
       try:
         self.actor = pool.build(self.actor_id, self.restarts)
-        self.actor.run()
+        # The first unroll too is collected for a slot of its own (the emit
+        # callback claims the next one after each put).
+        if pool.queue.claim_room():
+          self.actor.run()
         return
       except Exception as e:  # pylint: disable=broad-except
         if stop.is_set():

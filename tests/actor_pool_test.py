@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import actor_pool
+from impala_tf import data
 from impala_tf import environments
 from impala_tf import networks
 from impala_tf import testing
@@ -92,6 +93,27 @@ def test_thread_actor_waits_for_room_before_its_next_unroll():
     assert pool.get_chunk()['policy_version'].tolist() == [0] * b
     # The next unroll starts after the take, with the weights published before it.
     assert (pool.get_chunk()['policy_version'] == 5).all()
+  finally:
+    pool.stop()
+
+
+def test_two_thread_actors_collect_only_for_free_slots():
+  pool, config, _, _, weights = _pool(num_actors=2, learner_queue_size=1)
+  chunk_steps = config.num_envs_per_actor * config.unroll_length
+  pool.start(0, weights)
+  try:
+    for taken in range(3):
+      deadline = time.monotonic() + 60
+      while pool.queue.qsize() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+      time.sleep(1.0)
+      # One slot: one chunk queued and no other collected, by either actor (without
+      # claims the second actor would hold a finished unroll until the take).
+      assert pool.queue.qsize() == 1 and pool.queue.claims == 0
+      assert pool.steps == (taken + 1) * chunk_steps
+      pool.publish(taken + 1, weights)
+      assert pool.get_chunk()['policy_version'].tolist() == (
+          [taken] * config.num_envs_per_actor)
   finally:
     pool.stop()
 
@@ -220,6 +242,7 @@ def test_steps_read_during_a_fold_are_counted_once():
 
   class FakePool:
     stop_event = stop
+    queue = data.LearnerQueue(1, 5.0, stop)
 
     def build(self, actor_id, restarts):
       del actor_id, restarts

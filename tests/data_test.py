@@ -323,27 +323,100 @@ def test_learner_queue_put_blocks_when_full_and_stops():
 def test_put_then_wait_for_room_returns_only_when_the_chunk_is_taken():
   stop = threading.Event()
   q = data.LearnerQueue(maxsize=1, timeout=5.0, stop_event=stop)
-  result = []
-  writer = threading.Thread(
-      target=lambda: result.append(q.put_then_wait_for_room(_chunk([0]))))
-  writer.start()
+  result, go_on = [], threading.Event()
+
+  def writer():
+    result.append(q.put_then_wait_for_room(_chunk([0])))
+    go_on.wait(timeout=10)
+    result.append(q.put(_chunk([1])))  # Into its claimed slot: no wait.
+    result.append(q.put_then_wait_for_room(_chunk([2])))
+
+  thread = threading.Thread(target=writer)
+  thread.start()
   time.sleep(0.4)
   # The chunk is queued, and its writer waits for room before its next unroll.
-  assert writer.is_alive() and q.qsize() == 1 and q.num_put == 1
+  assert thread.is_alive() and q.qsize() == 1 and q.num_put == 1 and q.claims == 0
   assert q.get()['unroll_id'].tolist() == [0]
-  writer.join(timeout=5)
-  assert not writer.is_alive() and result == [True]
-  assert q.wait_for_room() is True  # Room: returns at once.
+  deadline = time.monotonic() + 5
+  while not result and time.monotonic() < deadline:
+    time.sleep(0.01)
+  # It returned holding the free slot: nobody else may fill it meanwhile.
+  assert result == [True] and q.claims == 1 and q.qsize() == 0
+  assert q.wait_for_room(timeout=0.2) is False
+  go_on.set()
+  deadline = time.monotonic() + 5
+  while q.num_put < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert q.num_put == 2 and q.claims == 0 and q.qsize() == 1
   # Full, then stopped: the waiting writer returns False promptly.
-  writer = threading.Thread(
-      target=lambda: result.append(q.put_then_wait_for_room(_chunk([1]))))
-  writer.start()
   time.sleep(0.3)
-  assert writer.is_alive() and q.qsize() == 1
+  assert thread.is_alive() and q.qsize() == 1
   stop.set()
-  writer.join(timeout=5)
-  assert not writer.is_alive() and result == [True, False]
-  assert q.wait_for_room() is False
+  thread.join(timeout=5)
+  assert not thread.is_alive() and result == [True, True, False]
+  assert q.wait_for_room() is False and q.claim_room() is False
+
+
+def test_a_claimed_slot_is_the_claimers_until_it_puts_or_releases():
+  stop = threading.Event()
+  q = data.LearnerQueue(maxsize=2, timeout=5.0, stop_event=stop)
+  assert q.claim_room() and q.claim_room()  # The second call keeps the one claim.
+  assert q.claims == 1
+  assert q.put(_chunk([0])) and q.claims == 0  # Put into the claimed slot.
+  assert q.claim_room() and (q.qsize(), q.claims) == (1, 1)
+  # Every slot full or claimed: another thread's put and claim wait ...
+  other = []
+  putter = threading.Thread(target=lambda: other.append(q.put(_chunk([1]))))
+  putter.start()
+  time.sleep(0.3)
+  assert putter.is_alive() and q.qsize() == 1
+  # ... until the claim is given back (an actor that ends), not only on a take.
+  q.release_claim()
+  putter.join(timeout=5)
+  assert other == [True] and (q.qsize(), q.claims) == (2, 0)
+  q.release_claim()  # Holding none: nothing changes.
+  assert q.claims == 0
+  assert [q.get()['unroll_id'].tolist() for _ in range(2)] == [[0], [1]]
+  # A claim held when the run stops: its put returns False and frees the slot.
+  assert q.claim_room()
+  stop.set()
+  assert q.put(_chunk([2])) is False and q.claims == 0 and q.num_put == 2
+
+
+def test_writers_never_hold_more_chunks_than_the_queue_has_slots():
+  stop = threading.Event()
+  q = data.LearnerQueue(maxsize=2, timeout=5.0, stop_event=stop)
+  in_hand = []  # Chunks collected (claimed or not) and not yet taken.
+  lock = threading.Lock()
+  worst = [0]
+
+  def writer(wid):
+    if not q.claim_room():
+      return
+    for i in range(40):
+      with lock:
+        in_hand.append((wid, i))
+        worst[0] = max(worst[0], len(in_hand))
+      if not q.put_then_wait_for_room(_chunk([wid * 100 + i])):
+        return
+    q.release_claim()
+
+  threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+  for t in threads:
+    t.start()
+  taken = []
+  while len(taken) < 160:
+    taken.append(int(q.get()['unroll_id'][0]))
+    with lock:
+      in_hand.remove((taken[-1] // 100, taken[-1] % 100))
+      assert q.qsize() + q.claims <= 2
+    time.sleep(0.001)
+  for t in threads:
+    t.join(timeout=5)
+  # Four writers, two slots: never more than two chunks collected ahead.
+  assert worst[0] <= 2 and sorted(taken) == sorted(
+      w * 100 + i for w in range(4) for i in range(40))
+  assert q.claims == 0
 
 
 def test_wait_for_room_with_a_timeout_gives_up_when_it_passes():

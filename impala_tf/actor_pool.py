@@ -33,6 +33,7 @@ is rebuilt with fresh env seeds and counted in `restarts`; one that dies
 """
 
 import abc
+import functools
 import re
 import threading
 import time
@@ -280,7 +281,7 @@ class _ActorThread(threading.Thread):
         self.actor = pool.build(self.actor_id, self.restarts)
         # The first unroll too is collected for a slot of its own (the emit
         # callback claims the next one after each put).
-        if pool.queue.claim_room():
+        if not pool.config.claim_queue_slots or pool.queue.claim_room():
           self.actor.run()
         return
       except Exception as e:  # pylint: disable=broad-except
@@ -317,7 +318,8 @@ class ThreadActorPool(ActorPool):
     """The Actor of thread `actor_id` (also after a restart)."""
     return make_actor(self.config, actor_id, restarts, self.observation_space,
                       self.action_space, self._broadcast,
-                      self.queue.put_then_wait_for_room,
+                      functools.partial(self.queue.put_then_wait_for_room,
+                                        claim=self.config.claim_queue_slots),
                       self.episode_sink, self.stop_event, rng=self.rngs[actor_id],
                       resumes=self.resumes, id_offset=self.first_actor_id)
 

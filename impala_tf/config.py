@@ -579,10 +579,25 @@ class Config:
   learner_queue_size: int = option(
       1, 'data',
       help=("Capacity of the bounded queue from the actors to the learner's "
-            'data pipeline, in actor chunks of num_envs_per_actor unrolls; a '
-            'full queue blocks the actors (RLlib: learner_queue_size, in '
-            'batches). Range: >= 1.'),
+            'data pipeline, in actor chunks of num_envs_per_actor unrolls: it '
+            'bounds the chunks queued and those thread actors are collecting '
+            'together (an actor claims a slot before it acts); a full queue '
+            'blocks the actors (RLlib: learner_queue_size, in batches). Range: '
+            '>= 1.'),
       rule=_ints(1),
+      resume=RESUME_FREE)
+  claim_queue_slots: bool = option(
+      True, 'data',
+      help=('Thread actors claim a learner-queue slot before they collect an '
+            'unroll, so the chunks queued and being collected together stay '
+            'within --learner_queue_size and no finished chunk waits in an '
+            "actor's hands (configs/pong.cfg: policy lag about 6 learner steps "
+            'instead of 17). --noclaim_queue_slots: an actor only waits for room '
+            'before it acts, so with several actors two can collect for one '
+            'slot (the behaviour before this flag). The same either way with one '
+            'actor; --actor_backend processes and ray bound their chunks their '
+            'own way (docs/design.md).'),
+      rule=(None, 'must be True or False'),
       resume=RESUME_FREE)
   learner_queue_timeout: float = option(
       300.0, 'data',

@@ -151,9 +151,12 @@ class LearnerQueue:
       if self._holds_claim():
         self._release_locked()
 
-  def put_then_wait_for_room(self, chunk: Arrays) -> bool:
-    """`put`, then `claim_room`: the thread actors' emit callback."""
-    return self.put(chunk) and self.claim_room()
+  def put_then_wait_for_room(self, chunk: Arrays, claim: bool = True) -> bool:
+    """`put`, then `claim_room` (or only `wait_for_room` with `claim` False).
+
+    The thread actors' emit callback (`claim`: --claim_queue_slots).
+    """
+    return self.put(chunk) and (self.claim_room() if claim else self.wait_for_room())
 
   def get(self) -> Optional[Arrays]:
     """Returns the next chunk, or None when stopped.

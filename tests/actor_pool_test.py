@@ -118,6 +118,24 @@ def test_two_thread_actors_collect_only_for_free_slots():
     pool.stop()
 
 
+def test_without_claims_two_thread_actors_collect_for_one_slot():
+  pool, config, _, _, weights = _pool(num_actors=2, learner_queue_size=1,
+                                      claim_queue_slots=False)
+  chunk_steps = config.num_envs_per_actor * config.unroll_length
+  pool.start(0, weights)
+  try:
+    deadline = time.monotonic() + 60
+    while pool.steps < 2 * chunk_steps and time.monotonic() < deadline:
+      time.sleep(0.05)
+    time.sleep(1.0)
+    # --noclaim_queue_slots: both saw room, so one chunk is queued and the other
+    # waits, finished, in its actor's hands (claims: one chunk, test above).
+    assert pool.queue.qsize() == 1 and pool.queue.claims == 0
+    assert pool.steps == 2 * chunk_steps
+  finally:
+    pool.stop()
+
+
 def test_thread_pool_restarts_a_dying_actor_then_fails_in_one_line():
   pool, _, _, stop, weights = _pool(env=CRASH_ID, num_actors=1)
   pool.start(0, weights)
@@ -242,6 +260,7 @@ def test_steps_read_during_a_fold_are_counted_once():
 
   class FakePool:
     stop_event = stop
+    config = testing.tiny_config()
     queue = data.LearnerQueue(1, 5.0, stop)
 
     def build(self, actor_id, restarts):

@@ -156,6 +156,7 @@ CONFIG_ERRORS = [
     (dict(use_lstm='false'), 'use_lstm', 'false'),
     (dict(vtrace=1), 'vtrace', '1'),
     (dict(episodic_life=None), 'episodic_life', 'None'),
+    (dict(claim_queue_slots='yes'), 'claim_queue_slots', 'yes'),
     (dict(learning_rate='0.001'), 'learning_rate', '0.001'),
     (dict(discounting=True), 'discounting', 'True'),
     (dict(clip_rho_threshold='none'), 'clip_rho_threshold', 'none'),

@@ -308,8 +308,8 @@ def inter_op_threads(config: config_lib.Config,
   if config.tf_inter_op_threads >= 0:
     return config.tf_inter_op_threads
   torso = torso_choice.resolve_torso(config.network, observation_shape)
-  numpy_actors = (torso == 'mlp' and not config.use_lstm and
-                  config.compute_dtype == 'float32')
+  numpy_actors = torso_choice.acts_with_numpy(torso, config.use_lstm,
+                                              config.compute_dtype)
   one_cpu_replica = (config.num_gpus == 0 and config.num_virtual_cpu_devices <= 1 and
                      config.num_learner_workers == 1)
   return 1 if (numpy_actors and one_cpu_replica and

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from impala_tf import layers
+from impala_tf import torso_choice
 
 
 class NumpyMLPPolicy:
@@ -52,8 +53,8 @@ class NumpyMLPPolicy:
 
   @staticmethod
   def supports(network: 'AgentNetwork') -> bool:
-    return (network.torso_name == 'mlp' and not network.use_lstm and
-            network.compute_dtype == 'float32')
+    return torso_choice.acts_with_numpy(network.torso_name, network.use_lstm,
+                                        network.compute_dtype)
 
   def set_weights(self, weights: Sequence[np.ndarray]):
     """weights: numpy arrays in `network.variables` order (as the learner sends)."""

@@ -30,3 +30,19 @@ def resolve_torso(network: str, observation_shape: Sequence[int]) -> str:
   if network != 'auto':
     return network
   return 'mlp' if len(observation_shape) == 1 else 'deep'
+
+
+def acts_with_numpy(torso: str, use_lstm: bool, compute_dtype: str) -> bool:
+  """Whether thread and process actors act with numpy (`NumpyMLPPolicy`).
+
+  They do for the 'mlp' torso without LSTM in float32; every other network acts
+  through TensorFlow. Decided here once, for the actors (`NumpyMLPPolicy.supports`)
+  and for the inter-op pool, which is chosen from the config before any network
+  exists (`distribute.inter_op_threads`).
+
+  Args:
+    torso: a resolved torso name (`resolve_torso`).
+    use_lstm: `Config.use_lstm`.
+    compute_dtype: `Config.compute_dtype`.
+  """
+  return torso == 'mlp' and not use_lstm and compute_dtype == 'float32'

@@ -30,3 +30,15 @@ def test_imports_no_tensorflow():
   code = ('import sys\nfrom impala_tf import torso_choice\n'
           'assert "tensorflow" not in sys.modules\n')
   subprocess.run([sys.executable, '-c', code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize('torso,use_lstm,dtype,want', [
+    ('mlp', False, 'float32', True),
+    ('mlp', True, 'float32', False),
+    ('mlp', False, 'bfloat16', False),
+    ('shallow', False, 'float32', False),
+    ('deep', False, 'float32', False),
+    ('my_module:torso', False, 'float32', False),
+])
+def test_acts_with_numpy(torso, use_lstm, dtype, want):
+  assert torso_choice.acts_with_numpy(torso, use_lstm, dtype) is want

@@ -587,14 +587,14 @@ class Config:
       rule=_ints(1),
       resume=RESUME_FREE)
   claim_queue_slots: bool = option(
-      True, 'data',
+      False, 'data',
       help=('Thread actors claim a learner-queue slot before they collect an '
             'unroll, so the chunks queued and being collected together stay '
             'within --learner_queue_size and no finished chunk waits in an '
-            "actor's hands (configs/pong.cfg: policy lag about 6 learner steps "
-            'instead of 17). --noclaim_queue_slots: an actor only waits for room '
-            'before it acts, so with several actors two can collect for one '
-            'slot (the behaviour before this flag). The same either way with one '
+            "actor's hands (configs/pong_claims.cfg: policy lag about 6 learner "
+            'steps instead of 17, the learner waiting for data about 10% of the '
+            'time). Off: an actor waits for room before it acts, so with several '
+            'actors two can collect for one slot. The same either way with one '
             'actor; --actor_backend processes and ray bound their chunks their '
             'own way (docs/design.md).'),
       rule=(None, 'must be True or False'),

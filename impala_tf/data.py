@@ -1,7 +1,7 @@
 """The learner's input pipeline: learner queue -> tf.data -> per-replica batches.
 
 ```
-LearnerQueue (bounded; thread actors claim a slot before each unroll)
+LearnerQueue (bounded; thread actors wait for room, or claim a slot, before each unroll)
   -> num_data_loader_buffers loaders (a tf.numpy_function each) in parallel interleave;
      each fresh chunk passes through the shared ReplayBuffer, which appends its replays
   -> unbatch to single unrolls [T + 1, ...] -> batch(batch_size) [B, T + 1, ...]

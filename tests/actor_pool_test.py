@@ -98,7 +98,8 @@ def test_thread_actor_waits_for_room_before_its_next_unroll():
 
 
 def test_two_thread_actors_collect_only_for_free_slots():
-  pool, config, _, _, weights = _pool(num_actors=2, learner_queue_size=1)
+  pool, config, _, _, weights = _pool(num_actors=2, learner_queue_size=1,
+                                      claim_queue_slots=True)
   chunk_steps = config.num_envs_per_actor * config.unroll_length
   pool.start(0, weights)
   try:
@@ -128,8 +129,9 @@ def test_without_claims_two_thread_actors_collect_for_one_slot():
     while pool.steps < 2 * chunk_steps and time.monotonic() < deadline:
       time.sleep(0.05)
     time.sleep(1.0)
-    # --noclaim_queue_slots: both saw room, so one chunk is queued and the other
-    # waits, finished, in its actor's hands (claims: one chunk, test above).
+    # --noclaim_queue_slots (the default): both saw room, so one chunk is queued
+    # and the other waits, finished, in its actor's hands (claims: one chunk, the
+    # test above).
     assert pool.queue.qsize() == 1 and pool.queue.claims == 0
     assert pool.steps == 2 * chunk_steps
   finally:

@@ -48,6 +48,14 @@ def _pool(**overrides):
   return pool, config, episodes, stop, [v.numpy() for v in net.variables]
 
 
+def _settle(ready):
+  """Waits (up to 60 s) until `ready()`, then 1 s more for any stray unroll."""
+  deadline = time.monotonic() + 60
+  while not ready() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  time.sleep(1.0)
+
+
 def test_thread_pool_chunks_steps_episodes_and_stop():
   pool, config, episodes, stop, weights = _pool()
   pool.start(3, weights)
@@ -82,10 +90,7 @@ def test_thread_actor_waits_for_room_before_its_next_unroll():
   b, t = config.num_envs_per_actor, config.unroll_length
   pool.start(0, weights)
   try:
-    deadline = time.monotonic() + 60
-    while pool.queue.qsize() < 1 and time.monotonic() < deadline:
-      time.sleep(0.05)
-    time.sleep(1.0)
+    _settle(lambda: pool.queue.qsize() >= 1)
     # One unroll queued and no second one stepped: the actor acts only when there is
     # room (it would otherwise hold a finished unroll, one chunk older, until then).
     assert pool.queue.qsize() == 1 and pool.steps == b * t
@@ -97,43 +102,26 @@ def test_thread_actor_waits_for_room_before_its_next_unroll():
     pool.stop()
 
 
-def test_two_thread_actors_collect_only_for_free_slots():
+@pytest.mark.parametrize('claims,collected', [(True, 1), (False, 2)])
+def test_two_thread_actors_and_one_queue_slot(claims, collected):
   pool, config, _, _, weights = _pool(num_actors=2, learner_queue_size=1,
-                                      claim_queue_slots=True)
-  chunk_steps = config.num_envs_per_actor * config.unroll_length
+                                      claim_queue_slots=claims)
+  b = config.num_envs_per_actor
+  chunk_steps = b * config.unroll_length
   pool.start(0, weights)
   try:
-    for taken in range(3):
-      deadline = time.monotonic() + 60
-      while pool.queue.qsize() < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-      time.sleep(1.0)
-      # One slot: one chunk queued and no other collected, by either actor (without
-      # claims the second actor would hold a finished unroll until the take).
-      assert pool.queue.qsize() == 1 and pool.queue.claims == 0
-      assert pool.steps == (taken + 1) * chunk_steps
-      pool.publish(taken + 1, weights)
-      assert pool.get_chunk()['policy_version'].tolist() == (
-          [taken] * config.num_envs_per_actor)
-  finally:
-    pool.stop()
-
-
-def test_without_claims_two_thread_actors_collect_for_one_slot():
-  pool, config, _, _, weights = _pool(num_actors=2, learner_queue_size=1,
-                                      claim_queue_slots=False)
-  chunk_steps = config.num_envs_per_actor * config.unroll_length
-  pool.start(0, weights)
-  try:
-    deadline = time.monotonic() + 60
-    while pool.steps < 2 * chunk_steps and time.monotonic() < deadline:
-      time.sleep(0.05)
-    time.sleep(1.0)
-    # --noclaim_queue_slots (the default): both saw room, so one chunk is queued
-    # and the other waits, finished, in its actor's hands (claims: one chunk, the
-    # test above).
+    _settle(lambda: pool.steps >= collected * chunk_steps)
+    # One chunk queued. Without claims (the default) both actors saw the room, so
+    # the other waits, finished, in its actor's hands; with claims no other chunk
+    # is collected.
     assert pool.queue.qsize() == 1 and pool.queue.claims == 0
-    assert pool.steps == 2 * chunk_steps
+    assert pool.steps == collected * chunk_steps
+    for taken in range(2 if claims else 0):
+      pool.publish(taken + 1, weights)
+      assert pool.get_chunk()['policy_version'].tolist() == [taken] * b
+      # Each take lets exactly one actor collect one chunk, with the newest weights.
+      _settle(lambda: pool.queue.qsize() >= 1)
+      assert pool.queue.qsize() == 1 and pool.steps == (taken + 2) * chunk_steps
   finally:
     pool.stop()
 

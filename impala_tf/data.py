@@ -151,10 +151,11 @@ class LearnerQueue:
       if self._holds_claim():
         self._release_locked()
 
-  def put_then_wait_for_room(self, chunk: Arrays, claim: bool = True) -> bool:
-    """`put`, then `claim_room` (or only `wait_for_room` with `claim` False).
+  def put_then_wait_for_room(self, chunk: Arrays, *, claim: bool) -> bool:
+    """`put`, then `claim_room` (`claim` True) or only `wait_for_room` (False).
 
-    The thread actors' emit callback (`claim`: --claim_queue_slots).
+    The thread actors' emit callback; `claim` is --claim_queue_slots, given
+    explicitly so that a caller cannot claim slots by omission.
     """
     return self.put(chunk) and (self.claim_room() if claim else self.wait_for_room())
 

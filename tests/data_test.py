@@ -326,10 +326,10 @@ def test_put_then_wait_for_room_returns_only_when_the_chunk_is_taken():
   result, go_on = [], threading.Event()
 
   def writer():
-    result.append(q.put_then_wait_for_room(_chunk([0])))
+    result.append(q.put_then_wait_for_room(_chunk([0]), claim=True))
     go_on.wait(timeout=10)
     result.append(q.put(_chunk([1])))  # Into its claimed slot: no wait.
-    result.append(q.put_then_wait_for_room(_chunk([2])))
+    result.append(q.put_then_wait_for_room(_chunk([2]), claim=True))
 
   thread = threading.Thread(target=writer)
   thread.start()
@@ -383,6 +383,24 @@ def test_a_claimed_slot_is_the_claimers_until_it_puts_or_releases():
   assert q.put(_chunk([2])) is False and q.claims == 0 and q.num_put == 2
 
 
+def test_put_then_wait_for_room_without_claim_leaves_the_slot_free():
+  stop = threading.Event()
+  q = data.LearnerQueue(maxsize=1, timeout=5.0, stop_event=stop)
+  result = []
+  writer = threading.Thread(
+      target=lambda: result.append(
+          q.put_then_wait_for_room(_chunk([0]), claim=False)))
+  writer.start()
+  time.sleep(0.3)
+  assert writer.is_alive() and q.qsize() == 1  # Waits for room after its put.
+  assert q.get()['unroll_id'].tolist() == [0]
+  writer.join(timeout=5)
+  # It returned on room, holding no claim: another writer may take the slot.
+  assert result == [True] and q.claims == 0
+  assert q.wait_for_room(timeout=0.2) is True
+  stop.set()
+
+
 def test_writers_never_hold_more_chunks_than_the_queue_has_slots():
   stop = threading.Event()
   q = data.LearnerQueue(maxsize=2, timeout=5.0, stop_event=stop)
@@ -397,7 +415,7 @@ def test_writers_never_hold_more_chunks_than_the_queue_has_slots():
       with lock:
         in_hand.append((wid, i))
         worst[0] = max(worst[0], len(in_hand))
-      if not q.put_then_wait_for_room(_chunk([wid * 100 + i])):
+      if not q.put_then_wait_for_room(_chunk([wid * 100 + i]), claim=True):
         return
     q.release_claim()
 

@@ -8,9 +8,9 @@ loop runs at its own speed next to the learner. Nothing is pickled per unroll:
 * each child owns `learner_queue_size` slots of a shared-memory block, each slot
   one chunk of the run's fixed layout (`chunk_layout`); it writes a finished chunk
   into a slot it holds, then sends the slot's index down a pipe of its own (four
-  bytes) and waits for a free slot of its own before it acts again (the threads
-  backend's `put_then_wait_for_room`: a chunk waits in the queue, never in the
-  actor's hands, so the next unroll starts with the newest weights);
+  bytes) and waits for a free slot of its own before it acts again (as a thread
+  actor with `--claim_queue_slots` does: its chunks wait in its slots, never in
+  its hands, so the next unroll starts with the newest weights);
 * the loaders (`get_chunk`) wait on every child's pipe, take an index (round
   robin over the ready children), copy the chunk out and hand that slot back by
   its index (a third pipe per child): a child writes only into a slot it was

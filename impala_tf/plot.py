@@ -83,10 +83,21 @@ class PlotError(ValueError):
 
 
 LEGENDS = ('inside', 'outside')
+DPI = 100
 # Height of the figure with the legend outside: padding plus one row per entry
-# (inches; fontsize 'small' at 100 dpi).
+# (inches; fontsize 'small' at DPI).
 OUTSIDE_LEGEND_PAD_IN = 0.6
 OUTSIDE_LEGEND_ENTRY_IN = 0.19
+
+
+def _whole_pixels(inches: float) -> float:
+  """`inches`, moved to a whole number of pixels at DPI plus a quarter pixel.
+
+  Matplotlib releases turn inches x dpi into pixels differently (some truncate,
+  some round: 7.82 in at 100 dpi is 781 or 782 pixels); a quarter pixel above a
+  whole number gives the same size under both.
+  """
+  return (round(inches * DPI) + 0.25) / DPI
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -406,14 +417,14 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   if legend == 'outside':
     # Taller than 4.5 inches when the entries need it, so none is cut off.
     entries = len(ax.get_legend_handles_labels()[1])
-    fig.set_size_inches(10, max(4.5, OUTSIDE_LEGEND_PAD_IN +
-                                OUTSIDE_LEGEND_ENTRY_IN * entries))
+    fig.set_size_inches(10, _whole_pixels(max(
+        4.5, OUTSIDE_LEGEND_PAD_IN + OUTSIDE_LEGEND_ENTRY_IN * entries)))
     ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize='small',
               borderaxespad=0.0)
   else:
     ax.legend()
   fig.tight_layout()
-  fig.savefig(output, dpi=100, format='png')
+  fig.savefig(output, dpi=DPI, format='png')
   plt.close(fig)
 
   by_path = {id(r): label for group, label in zip(groups, names) for r in group}

@@ -208,6 +208,18 @@ def test_cli_two_logdirs_write_a_png_and_print_the_summary(runs, tmp_path):
                                              'learning_rate=0.01']
 
 
+def test_outside_legend_height_is_whole_pixels_under_truncation_and_rounding():
+  """Matplotlib releases truncate or round inches x dpi; both give one height."""
+  for entries in range(1, 200):
+    inches = plot.OUTSIDE_LEGEND_PAD_IN + plot.OUTSIDE_LEGEND_ENTRY_IN * entries
+    height = plot._whole_pixels(inches) * plot.DPI
+    assert int(height) == round(height) == round(inches * plot.DPI), entries
+  # The case that differed: 38 entries, 7.82 inches (781.99... pixels).
+  assert int((plot.OUTSIDE_LEGEND_PAD_IN + plot.OUTSIDE_LEGEND_ENTRY_IN * 38)
+             * plot.DPI) == 781
+  assert int(plot._whole_pixels(0.6 + 0.19 * 38) * plot.DPI) == 782
+
+
 @pytest.mark.e2e
 def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
   seed1, _, _ = runs

@@ -20,6 +20,7 @@ This module reads no flags.
 """
 
 import dataclasses
+import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,6 +35,13 @@ from impala_tf import metrics as metrics_lib
 # 30% of its frames per second (2 workers on 2 shared cores). A stop then waits up
 # to this many steps more.
 AGREE_EVERY_STEPS = 16
+
+# Seconds a worker waits after `check_same` found a difference, before it returns
+# the error that stops its run: the all-reduce that told it may still be sending
+# this worker's part to a peer, and a process that exits at once closes the socket
+# under that peer's receive (TensorFlow 2.12: `UnavailableError: Collective ops is
+# aborted by: Socket closed` on the peer instead of the same one-line error).
+DISAGREEMENT_GRACE_SECS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +94,10 @@ class Agreement:
   def check_same(self, values: Dict[str, int], what: str) -> Optional[str]:
     """The one-line error when the workers' `values` differ, else None.
 
+    Every worker gets the same answer; on a difference it returns after
+    `DISAGREEMENT_GRACE_SECS`, so that no worker's exit cuts the all-reduce short
+    for another.
+
     Args:
       values: name -> integer, the same names on every worker.
       what: the message's tail; '{}' becomes the differing names.
@@ -95,6 +107,7 @@ class Agreement:
     differ = distribute.workers_disagree_on(self._sum, values, self.num_workers)
     if not differ:
       return None
+    time.sleep(DISAGREEMENT_GRACE_SECS)  # Let the peers' last receive finish.
     return (f'learner worker {self.worker_index}: the {self.num_workers} learner '
             f'workers differ in {what.format(", ".join(differ))}; nothing was '
             'trained')

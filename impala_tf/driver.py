@@ -375,8 +375,21 @@ class _Run:
     self.other_failed: Optional[TrainingError] = None
 
   def _check_workers_agree(self, values: Dict[str, int], what: str):
-    """Raises TrainingError (one line) when the workers' `values` differ."""
-    error = self.agreement.check_same(values, what)
+    """Raises TrainingError (one line) when the workers' `values` differ.
+
+    A peer that stops answering during the comparison is a PeerLostError (one
+    line), not the collective's traceback.
+    """
+    try:
+      error = self.agreement.check_same(values, what)
+    except _TRANSPORT_ERRORS + _WORDED_ERRORS as e:
+      if not is_peer_loss(e):
+        raise
+      raise PeerLostError(
+          f'learner worker {self.worker_index}: another learner worker stopped '
+          'answering while the workers compared their start (flags, learner '
+          f'step, weights; a collective failed: {_first_line(e)}); nothing was '
+          'trained in this run') from None
     if error:
       raise TrainingError(error)
 

@@ -107,14 +107,22 @@ def test_several_workers_sum_and_decide_alike(monkeypatch):
   assert _decide(a).stop == (False, True)
 
 
-def test_check_same_names_what_differs(monkeypatch):
+def test_check_same_names_what_differs_after_the_grace(monkeypatch):
+  slept = []
+  monkeypatch.setattr(agreement_lib.time, 'sleep', slept.append)
   a, _ = _agreement()
   assert a.check_same({'weights': 1}, '{}') is None  # One worker: nothing to do.
+  differ = [['weights']]
   monkeypatch.setattr(agreement_lib.distribute, 'workers_disagree_on',
-                      lambda fn, values, n: ['weights'])
+                      lambda fn, values, n: differ[0])
   monkeypatch.setattr(agreement_lib.distribute, 'sum_over_workers',
                       lambda strategy: None)
   m, _ = _agreement(multi=True, index=1, workers=2)
   assert m.check_same({'weights': 1}, '{} after the restore') == (
       'learner worker 1: the 2 learner workers differ in weights after the '
       'restore; nothing was trained')
+  # The error comes after the grace (the peers' last receive), an agreement at once.
+  assert slept == [agreement_lib.DISAGREEMENT_GRACE_SECS] and slept[0] >= 1.0
+  differ[0] = []
+  assert m.check_same({'weights': 1}, '{}') is None
+  assert slept == [agreement_lib.DISAGREEMENT_GRACE_SECS]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -682,3 +683,27 @@ if __name__ == '__main__':
 ])
 def test_only_errors_of_a_lost_peer_are_read_as_one(error, lost):
   assert driver.is_peer_loss(error) is lost
+
+
+def test_a_peer_lost_while_the_workers_compare_their_start_is_one_line():
+  """The start-up comparison's collective fails when a peer is gone: a
+  PeerLostError naming the comparison, not the collective's traceback; this
+  worker's own errors pass through."""
+  def run_with(error):
+    class _Agreement:
+      def check_same(self, values, what):
+        raise error
+    fake = types.SimpleNamespace(agreement=_Agreement(), worker_index=1)
+    driver._Run._check_workers_agree(fake, {'weights': 1}, '{}')
+
+  with pytest.raises(driver.PeerLostError) as info:
+    run_with(tf.errors.UnavailableError(
+        None, None, 'Collective ops is aborted by: Socket closed\nmore'))
+  assert str(info.value) == (
+      'learner worker 1: another learner worker stopped answering while the '
+      'workers compared their start (flags, learner step, weights; a collective '
+      'failed: UnavailableError: Collective ops is aborted by: Socket closed); '
+      'nothing was trained '
+      'in this run')
+  with pytest.raises(tf.errors.InternalError):
+    run_with(tf.errors.InternalError(None, None, 'XLA compilation failed'))

@@ -97,6 +97,18 @@ class PeerLostError(TrainingError):
   """Another learner worker stopped answering (its launcher names it)."""
 
 
+def _peer_lost(worker_index: int, error: Exception, when: str,
+               then: str) -> PeerLostError:
+  """The one line of a collective that failed because a peer stopped answering.
+
+  `when` opens the parenthesis that names the failed collective (e.g. ' ('),
+  `then` says what becomes of the run.
+  """
+  return PeerLostError(
+      f'learner worker {worker_index}: another learner worker stopped '
+      f'answering{when}a collective failed: {_first_line(error)}); {then}')
+
+
 @dataclasses.dataclass
 class RunResult:
   """What `train` returns: the last metrics line and where things were written."""
@@ -385,11 +397,9 @@ class _Run:
     except _TRANSPORT_ERRORS + _WORDED_ERRORS as e:
       if not is_peer_loss(e):
         raise
-      raise PeerLostError(
-          f'learner worker {self.worker_index}: another learner worker stopped '
-          'answering while the workers compared their start (flags, learner '
-          f'step, weights; a collective failed: {_first_line(e)}); nothing was '
-          'trained in this run') from None
+      raise _peer_lost(
+          self.worker_index, e, ' while the workers compared their start (flags, learner step, '
+          'weights; ', 'nothing was trained in this run') from None
     if error:
       raise TrainingError(error)
 
@@ -481,11 +491,9 @@ class _Run:
       if not self.multi:
         raise
       if is_peer_loss(e):
-        self.peer_error = PeerLostError(
-            f'learner worker {self.worker_index}: another learner worker stopped '
-            f'answering (a collective failed: {_first_line(e)}); the run stops; '
-            'the newest checkpoint in --logdir is intact: rerun the same command '
-            'to resume')
+        self.peer_error = _peer_lost(
+            self.worker_index, e, ' (', 'the run stops; the newest checkpoint in --logdir is '
+            'intact: rerun the same command to resume')
       else:  # Its own fault (NCCL, XLA): said even under the launcher.
         self.peer_error = TrainingError(
             f'learner worker {self.worker_index}: {type(e).__name__}: '

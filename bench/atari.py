@@ -47,6 +47,8 @@ import time
 
 import numpy as np
 
+import metrics_window  # bench/metrics_window.py, beside this script.
+
 NETWORKS = {
     'shallow': ['--network=shallow'],
     'deep': ['--network=deep'],
@@ -126,17 +128,11 @@ def trainer_rates(env, name, seconds, extra, workdir, backend='auto',
   if len(steady) < 3:
     return {'error': f'only {len(steady)} metrics lines after the first step; '
                      'raise --seconds'}
-  a, b = steady[1], steady[-1]
-  dt = b['wall_seconds'] - a['wall_seconds']
-  waits = [l['learner_wait_fraction'] for l in steady[2:]]
-  return {
-      'env_fps': round((b['env_frames'] - a['env_frames']) / dt),
-      'learner_fps': round((b['trained_frames'] - a['trained_frames']) / dt),
-      'learner_steps_per_sec': round((b['learner_steps'] - a['learner_steps']) / dt, 2),
-      'learner_wait_fraction': round(sum(waits) / len(waits), 3) if waits else None,
-      'window_seconds': round(dt, 1),
-      'startup_seconds_to_first_learner_step': lines[-1].get('startup_seconds'),
-  }
+  rates = metrics_window.window_rates(steady[1], steady[-1])
+  rates['learner_wait_fraction'] = metrics_window.mean_of(
+      steady[2:], 'learner_wait_fraction')
+  rates['startup_seconds_to_first_learner_step'] = lines[-1].get('startup_seconds')
+  return rates
 
 
 def step_vs_bare(env, name, repeats=3):

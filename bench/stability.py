@@ -77,15 +77,23 @@ def env_targets(env_id):
 
 
 def parse_seeds(spec):
-  """'0-4,7' -> [0, 1, 2, 3, 4, 7]."""
+  """'0-4,7' -> [0, 1, 2, 3, 4, 7]; ValueError (one line naming --seeds) if bad."""
   seeds = []
   for part in spec.split(','):
     part = part.strip()
-    if '-' in part:
-      lo, hi = part.split('-')
-      seeds.extend(range(int(lo), int(hi) + 1))
-    elif part:
-      seeds.append(int(part))
+    if not part:
+      continue
+    lo, sep, hi = part.partition('-')
+    try:
+      lo, hi = int(lo), int(hi if sep else lo)
+    except ValueError:
+      raise ValueError(f'--seeds={spec}: {part!r} is neither a seed nor a range '
+                       'LO-HI of seeds (e.g. 0-4,7)') from None
+    if lo > hi:
+      raise ValueError(f'--seeds={spec}: the range {part} is empty (LO > HI)')
+    seeds.extend(range(lo, hi + 1))
+  if not seeds:
+    raise ValueError(f'--seeds={spec}: no seeds')
   return seeds
 
 
@@ -203,9 +211,10 @@ def main():
                       help='keep the run directories here (default: a temp dir)')
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
-  seeds = parse_seeds(args.seeds)
-  if not seeds:
-    parser.error(f'--seeds={args.seeds}: no seeds')
+  try:
+    seeds = parse_seeds(args.seeds)
+  except ValueError as e:
+    parser.error(str(e))
   args.keep_logdirs = bool(args.workdir)
   start = time.time()
   envs = [e.strip() for e in args.envs.split(',') if e.strip()]

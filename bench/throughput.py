@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+import metrics_window  # bench/metrics_window.py, beside this script.
+
 SETTINGS = {
     'default': [],
     'sgd4': ['--num_sgd_iter=4'],
@@ -102,23 +104,19 @@ def measure(name, frames, extra, workdir, alone_fps=None):
   steady = [l for l in lines[1:] if not l.get('final')]
   if len(steady) < 2:
     return {'setting': name, 'error': 'run too short for a steady-state window'}
-  a, b = steady[0], steady[-1]
-  dt = b['wall_seconds'] - a['wall_seconds']
-  waits = [l['learner_wait_fraction'] for l in steady[1:]]
+  rates = metrics_window.window_rates(steady[0], steady[-1], steps_decimals=1)
   return {
       'setting': name,
       'flags': SETTINGS[name] + extra,
-      'env_fps': round((b['env_frames'] - a['env_frames']) / dt),
-      'learner_fps': round((b['trained_frames'] - a['trained_frames']) / dt),
-      'learner_steps_per_sec': round((b['learner_steps'] - a['learner_steps']) / dt,
-                                     1),
-      'learner_wait_fraction': round(sum(waits) / len(waits), 3) if waits else None,
-      'policy_lag_mean': round(sum(l['policy_lag_mean'] for l in steady) /
-                               len(steady), 2),
+      'env_fps': rates['env_fps'],
+      'learner_fps': rates['learner_fps'],
+      'learner_steps_per_sec': rates['learner_steps_per_sec'],
+      'learner_wait_fraction': metrics_window.mean_of(steady[1:],
+                                                      'learner_wait_fraction'),
+      'policy_lag_mean': metrics_window.mean_of(steady, 'policy_lag_mean', 2),
       'env_fps_over_actor_alone': (
-          round((b['env_frames'] - a['env_frames']) / dt / alone_fps, 3)
-          if alone_fps else None),
-      'window_seconds': round(dt, 1),
+          round(rates['env_fps'] / alone_fps, 3) if alone_fps else None),
+      'window_seconds': rates['window_seconds'],
       'startup_seconds_to_first_learner_step': lines[-1].get('startup_seconds'),
       'process_seconds': round(time.time() - start, 1),
       'process_cpu_seconds': round(cpu, 1),

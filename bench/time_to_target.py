@@ -1,7 +1,7 @@
 """Time to solve an env (CartPole-v1, Acrobot-v1): seeds in fresh processes, JSON out.
 
 Usage:
-  python bench/time_to_target.py [--env=CartPole-v1] [--seeds=0,1,2,3,4]
+  python bench/time_to_target.py [--env=CartPole-v1] [--seeds=0,1,2,3,4 or 0-4]
       [--target=475] [--max_frames=600000] [--compare_sb3=PYTHON]
       [--sb3_script=bench/peers/sb3_ppo_cartpole.py]
       [-- extra train flags, e.g. --num_virtual_cpu_devices=2]
@@ -39,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import stability  # bench/stability.py, beside this script: its --seeds syntax.
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PEERS = os.path.join(_HERE, 'peers')
@@ -148,7 +150,10 @@ def main():
       setattr(args, key, spec[key])
   if args.compare_sb3 and not os.path.exists(args.sb3_script):
     parser.error(f'--sb3_script={args.sb3_script}: no such file')
-  seeds = [int(s) for s in args.seeds.split(',')]
+  try:
+    seeds = stability.parse_seeds(args.seeds)
+  except ValueError as e:
+    parser.error(str(e))
   results, peer = [], []
   with tempfile.TemporaryDirectory() as workdir:
     for s in seeds:

@@ -20,7 +20,8 @@ BUILD conventions (also written at the top of BUILD):
 * `py_test(name = "<stem>", srcs = ["tests/<stem>.py"], deps = [...])` for each
   tests/*_test.py; deps must include everything it imports (extra deps are allowed,
   e.g. an end-to-end test that runs `python -m impala_tf.train` in a subprocess);
-  `data = [":testdata"]` when its source mentions testdata. Other tests/*.py files
+  `data = [":testdata"]` when its source mentions testdata (`":bench"` when it
+  mentions bench, whose scripts it loads). Other tests/*.py files
   (helpers) are `py_library(..., testonly = True)`.
 * `py_binary(name = "<module>_bin", srcs = ["impala_tf/<module>.py"], main =
   "impala_tf/<module>.py", deps = [":<module>"])` for each entry point.
@@ -41,7 +42,10 @@ ENTRY_POINTS = ('train', 'evaluate', 'export', 'plot')
 BINARY_SUFFIX = '_bin'
 # Spelled so that this file's own strings do not look like a read of testdata/.
 TESTDATA_TARGET = ''.join(('test', 'data'))
-_TESTDATA_PATH_RE = re.compile(r'(^|/)testdata(/|$)')
+# Folders a test may read, each a filegroup of that name (glob of the folder):
+# a test whose strings name a path through one gets it in its data.
+DATA_DIRS = (TESTDATA_TARGET, ''.join(('ben', 'ch')))
+_DATA_PATH_RES = {d: re.compile(rf'(^|/){d}(/|$)') for d in DATA_DIRS}
 
 # Third-party import name -> Bazel label of its PyPI distribution.
 _PYPI_LABELS = {
@@ -78,7 +82,8 @@ _BUILD_HEADER = '''\
 #   @pypi//gymnasium, @pypi//absl_py (import absl), @pypi//ale_py, @pypi//tf_keras,
 #   @pypi//pytest. The standard library is not listed.
 # - one py_test per tests/<stem>_test.py, named <stem>_test; its deps include every
-#   module it imports; data = [":testdata"] when it reads testdata/.
+#   module it imports; data = [":testdata"] when it reads testdata/ (":bench"
+#   when it loads the bench/ scripts).
 # - one py_binary "<m>_bin" per entry point (train, evaluate, export):
 #   `bazel run //:train_bin -- --logdir=/tmp/impala_cartpole`.
 # - py_test runs the test file as __main__; pytest-style files end with
@@ -87,11 +92,6 @@ _BUILD_HEADER = '''\
 load("@rules_python//python:defs.bzl", "py_binary", "py_library", "py_test")
 
 package(default_visibility = ["//visibility:public"])
-
-filegroup(
-    name = "testdata",
-    srcs = glob(["testdata/**"]),
-)
 '''
 
 
@@ -105,7 +105,7 @@ class Imports(NamedTuple):
   external: Dict[str, int]   # third-party top-level import name -> line
   absl_flags: Optional[int]  # line of an absl.flags import, or None
   missing: Dict[str, int]    # impala_tf.<m> imported but impala_tf/<m>.py absent
-  mentions_testdata: bool
+  data_dirs: Tuple[str, ...]  # DATA_DIRS its strings name a path through
 
 
 def _package_modules(repo_root: pathlib.Path) -> List[str]:
@@ -194,11 +194,12 @@ def scan_imports(path: pathlib.Path, repo_root: pathlib.Path) -> Imports:
         absolute('tests' + ('.' + node.module if node.module else ''), names,
                  node.lineno)
   # Reads testdata/ when a string is a path through it: 'testdata', 'testdata/x',
-  # '../testdata/x'.
-  mentions = any(
-      isinstance(n, ast.Constant) and isinstance(n.value, str) and
-      _TESTDATA_PATH_RE.search(n.value) for n in ast.walk(tree))
-  return Imports(internal, local, external, absl_flags, missing, mentions)
+  # '../testdata/x' (the same for each of DATA_DIRS).
+  strings = [n.value for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+  data_dirs = tuple(d for d in DATA_DIRS
+                    if any(_DATA_PATH_RES[d].search(v) for v in strings))
+  return Imports(internal, local, external, absl_flags, missing, data_dirs)
 
 
 def _target_of_module(stem: str) -> str:
@@ -225,7 +226,7 @@ class Expected(NamedTuple):
   src: str                  # repo-relative path
   deps: Tuple[str, ...]     # required deps, sorted (internal first)
   exact: bool               # deps must equal (True) or include (False)
-  data: bool                # needs data = [":testdata"]
+  data: Tuple[str, ...]     # needs data = [":<d>" for each d]
   testonly: bool
   why: Dict[str, str]       # dep label -> 'path:line imports X'
 
@@ -267,11 +268,11 @@ def expected_targets(repo_root: pathlib.Path) -> Tuple[List[Expected], List[str]
     if stem == '__init__':
       deps = tuple(d for d in deps if d != ':' + PACKAGE_TARGET)
     out.append(Expected('py_library', _target_of_module(stem), rel, deps, True,
-                        imp.mentions_testdata, False, why))
+                        imp.data_dirs, False, why))
     if stem in ENTRY_POINTS or (stem != '__init__' and
                                 _has_main_block(repo_root / rel)):
       out.append(Expected('py_binary', stem + BINARY_SUFFIX, rel, (':' + stem,),
-                          False, False, False,
+                          False, (), False,
                           {':' + stem: f'{rel} is an entry point'}))
   for stem in _test_files(repo_root):
     rel = f'tests/{stem}.py'
@@ -279,7 +280,7 @@ def expected_targets(repo_root: pathlib.Path) -> Tuple[List[Expected], List[str]
     deps, why = deps_of(rel, imp)
     is_test = stem.endswith('_test')
     out.append(Expected('py_test' if is_test else 'py_library', stem, rel, deps,
-                        not is_test, imp.mentions_testdata, not is_test, why))
+                        not is_test, imp.data_dirs, not is_test, why))
   return out, problems
 
 
@@ -292,7 +293,7 @@ def render_target(t: Expected) -> str:
   if t.kind == 'py_binary':
     lines.append(f'    main = "{t.src}",')
   if t.data:
-    lines.append(f'    data = [":{TESTDATA_TARGET}"],')
+    lines.append(f'    data = {_fmt_list(":" + d for d in t.data)},')
   if t.testonly:
     lines.append('    testonly = True,')
   if len(t.deps) <= 1:
@@ -310,7 +311,12 @@ def generate_build(repo_root) -> str:
   order = {'py_library': 0, 'py_binary': 1, 'py_test': 2}
   targets = sorted(targets, key=lambda t: (order[t.kind], t.src.startswith('tests'),
                                            t.name))
-  return _BUILD_HEADER + ''.join('\n' + render_target(t) + '\n' for t in targets)
+  return (_BUILD_HEADER + ''.join('\n' + _render_filegroup(d) + '\n' for d in DATA_DIRS)
+          + ''.join('\n' + render_target(t) + '\n' for t in targets))
+
+
+def _render_filegroup(folder: str) -> str:
+  return f'filegroup(\n    name = "{folder}",\n    srcs = glob(["{folder}/**"]),\n)'
 
 
 # ---------------------------------------------------------------------------
@@ -413,9 +419,9 @@ def check_build(build_text: str, repo_root) -> List[str]:
                           f'target, BUILD lines {t.lineno}-{t.end_lineno}, if its '
                           'file was deleted)')
 
-  if TESTDATA_TARGET not in by_name and any(e.data for e in expected):
-    problems.append(f'BUILD: no filegroup "{TESTDATA_TARGET}"; add:\nfilegroup(\n'
-                    f'    name = "{TESTDATA_TARGET}",\n    srcs = glob(["testdata/**"]),\n)')
+  for d in DATA_DIRS:
+    if d not in by_name and any(d in e.data for e in expected):
+      problems.append(f'BUILD: no filegroup "{d}"; add:\n' + _render_filegroup(d))
 
   for e in expected:
     t = by_name.get(e.name)
@@ -447,14 +453,14 @@ def check_build(build_text: str, repo_root) -> List[str]:
         problems.append(f'{head}: remove the duplicate "{dep}", from deps')
       seen.add(dep)
     data = t.attrs.get('data') or []
-    if e.data and ':' + TESTDATA_TARGET not in data:
-      problems.append(f'{head}: add data = [":{TESTDATA_TARGET}"], ({e.src} reads '
-                      'testdata/)')
+    for d in e.data:
+      if ':' + d not in data:
+        problems.append(f'{head}: add ":{d}" to data ({e.src} reads {d}/)')
     if e.testonly and t.attrs.get('testonly') is not True:
       problems.append(f'{head}: add testonly = True, (test helper)')
 
   # Targets whose file is not a module, test or entry point any more.
-  expected_names = {e.name for e in expected} | {TESTDATA_TARGET}
+  expected_names = {e.name for e in expected} | set(DATA_DIRS)
   for t in targets:
     if t.name not in expected_names and t.kind in ('py_library', 'py_test', 'py_binary'):
       problems.append(f'BUILD:{t.lineno}: {t.kind} "{t.name}" matches no source file '
@@ -667,6 +673,26 @@ def test_checker_on_a_fake_repo(tmp_path):
   (root / 'impala_tf' / 'train.py').write_text('from absl import app\n')
   problems = check_build(build, root)
   assert any('"impala_tf/config.py" does not exist' in p for p in problems), problems
+
+
+def test_a_test_that_loads_the_bench_scripts_gets_them_as_data(tmp_path):
+  bench = DATA_DIRS[1]
+  root = _fake_repo(tmp_path, dict(_FAKE, **{
+      'tests/bench_test.py': f"import os\nHERE = os.path.join('..', '{bench}')\n",
+      f'{bench}/atari.py': 'import json\n'}))
+  build = generate_build(root)
+  assert check_build(build, root) == []
+  assert f'data = [":{bench}"]' in build
+  assert f'name = "{bench}",\n    srcs = glob(["{bench}/**"])' in build
+  assert f'data = [":{TESTDATA_TARGET}"]' in build  # losses_test's, unchanged.
+
+  without = build.replace(f'    data = [":{bench}"],\n', '')
+  assert any(f'py_test "bench_test": add ":{bench}" to data (tests/bench_test.py '
+             f'reads {bench}/)' in p for p in check_build(without, root))
+  no_group = build.replace(
+      f'filegroup(\n    name = "{bench}",\n    srcs = glob(["{bench}/**"]),\n)\n', '')
+  assert any(p.startswith(f'BUILD: no filegroup "{bench}"')
+             for p in check_build(no_group, root))
 
 
 def test_checker_reports_exact_dep_lines(tmp_path):

@@ -1,0 +1,171 @@
+"""Tests of the bench/ scripts' arithmetic: the figures docs/ quotes come from it.
+
+The scripts run as `python bench/NAME.py` (bench/ on sys.path, so they import each
+other by name); here they are loaded from their files the same way. Each function
+is checked against a hand computation: rates over a metrics window, the seed
+syntax and its errors, a curve's frames to target and drops, the stability
+summary, the soak's memory slope, the dead-unit count and the V-trace reference
+the V-trace benchmark times against the package's op.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      'bench')
+
+
+def _load(name):
+  """Imports bench/NAME.py as the scripts see each other (bench/ on sys.path)."""
+  if _BENCH not in sys.path:
+    sys.path.insert(0, _BENCH)
+  spec = importlib.util.spec_from_file_location(
+      f'bench_{name}', os.path.join(_BENCH, f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _line(wall, env, trained, steps, **more):
+  return dict(wall_seconds=wall, env_frames=env, trained_frames=trained,
+              learner_steps=steps, **more)
+
+
+def test_window_rates_are_counter_differences_over_wall_time():
+  window = _load('metrics_window')
+  first = _line(10.0, 1_000, 4_000, 50)
+  last = _line(30.0, 141_000, 564_000, 925)
+  # (141000 - 1000) / 20 = 7000; (564000 - 4000) / 20 = 28000; 875 / 20 = 43.75.
+  assert window.window_rates(first, last) == {
+      'env_fps': 7000, 'learner_fps': 28000, 'learner_steps_per_sec': 43.75,
+      'window_seconds': 20.0}
+  assert window.window_rates(first, last, steps_decimals=1)[
+      'learner_steps_per_sec'] == 43.8
+  with pytest.raises(ValueError, match='must be later than the first'):
+    window.window_rates(last, first)
+  with pytest.raises(ValueError, match='must be later than the first'):
+    window.window_rates(first, first)
+
+
+def test_mean_of_skips_lines_without_the_key():
+  window = _load('metrics_window')
+  lines = [{'w': 0.1}, {'w': None}, {}, {'w': 0.4}]
+  assert window.mean_of(lines, 'w') == 0.25
+  assert window.mean_of([{'w': 1}, {'w': 2}, {'w': 2}], 'w', 2) == 1.67
+  assert window.mean_of([{}, {'w': None}], 'w') is None
+
+
+@pytest.mark.parametrize('spec, seeds', [
+    ('0-4,7', [0, 1, 2, 3, 4, 7]),
+    ('3', [3]),
+    (' 2 , 5-6 ,', [2, 5, 6]),
+    ('4-4', [4]),
+])
+def test_parse_seeds(spec, seeds):
+  assert _load('stability').parse_seeds(spec) == seeds
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('3-1', "--seeds=3-1: the range 3-1 is empty"),
+    ('1,x', "--seeds=1,x: 'x' is neither a seed nor a range"),
+    ('1-2-3', "--seeds=1-2-3: '1-2-3' is neither a seed nor a range"),
+    (',', '--seeds=,: no seeds'),
+])
+def test_parse_seeds_names_the_flag_and_the_bad_part(spec, message):
+  with pytest.raises(ValueError) as info:
+    _load('stability').parse_seeds(spec)
+  assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize('script', ['stability', 'time_to_target'])
+def test_a_bad_seed_list_is_one_line_before_any_run(script, tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(_BENCH, f'{script}.py'), '--seeds=5-2',
+       f'--output={tmp_path / "out.json"}'] if script == 'stability' else
+      [sys.executable, os.path.join(_BENCH, f'{script}.py'), '--seeds=5-2'],
+      capture_output=True, text=True, timeout=60, check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f'{script}.py: error: --seeds=5-2: the range 5-2 is empty (LO > HI)')
+  assert 'Traceback' not in proc.stderr
+  assert not (tmp_path / 'out.json').exists()
+
+
+def test_curve_statistics_counts_each_fall_below_drop_once():
+  stability = _load('stability')
+  returns = [None, 100.0, 480.0, 290.0, 250.0, 310.0, 280.0, 500.0]
+  frames = [0, 10, 20, 30, 40, 50, 60, 70]
+  # First >= 475 at frame 20; after it the lowest is 250; the mean falls below 300
+  # at 290 (one fall through 250), comes back at 310, falls again at 280: 2.
+  assert stability.curve_statistics(returns, frames, 475.0, 300.0) == {
+      'frames_to_target': 20, 'lowest_after_target': 250.0, 'drops_below': 2}
+  assert stability.curve_statistics(returns, frames, 475.0, None) == {
+      'frames_to_target': 20, 'lowest_after_target': 250.0, 'drops_below': 0}
+  assert stability.curve_statistics([None, 100.0], [0, 10], 475.0, 300.0) == {
+      'frames_to_target': None, 'lowest_after_target': None, 'drops_below': None}
+
+
+def test_summarize_counts_per_seed_and_over_all_runs():
+  stability = _load('stability')
+  args = type('Args', (), dict(target=475.0, eval_target=490.0))
+  seed = lambda final, greedy, frames, lowest, drops, held: dict(
+      final_return_mean=final, greedy_eval_mean=greedy, frames_to_target=frames,
+      lowest_after_target=lowest, drops_below=drops, held=held)
+  results = [
+      seed(500.0, 500.0, 30_000, 480.0, 0, True),
+      seed(476.0, 480.0, 50_000, 250.0, 1, False),
+      seed(120.0, 90.0, None, None, None, False),
+      {'seed': 3, 'returncode': 1, 'error': ['boom']},
+  ]
+  summary = stability.summarize(results, args)
+  assert summary == {
+      'ended_solved': '2/4', 'greedy_passed': '1/4', 'never_dropped': '1/4',
+      'held': '1/4', 'reached_target': '2/4',
+      'median_frames_to_target': 40_000, 'max_frames_to_target': 50_000,
+      'min_lowest_after_target': 250.0, 'min_final_return_mean': 120.0,
+      'min_greedy_eval_mean': 90.0, 'failed_runs': 1}
+
+
+def test_soak_slope_is_the_least_squares_fit_in_mb_per_hour():
+  soak = _load('soak')
+  # 5 MB more every 1,800 s, with noise that cancels in the fit: 10 MB/hour.
+  samples = [{'t': 1800.0 * k, 'rss_mb': 100.0 + 5.0 * k + (0.5 if k % 2 else -0.5)}
+             for k in range(4)]
+  ts = np.array([s['t'] for s in samples])
+  ys = np.array([s['rss_mb'] for s in samples])
+  expected = np.polyfit(ts, ys, 1)[0] * 3600.0
+  assert soak.slope_per_hour(samples) == pytest.approx(expected)
+  assert soak.slope_per_hour(samples[:1]) is None
+  assert soak.slope_per_hour([{'t': 5.0, 'rss_mb': 1.0}] * 2) is None
+
+
+def test_a_unit_is_dead_when_its_preactivation_never_exceeds_zero():
+  dead_units = _load('dead_units')
+  z = np.array([[[0.5, 0.0, -1.0], [0.2, -3.0, -2.0]],
+                [[-0.1, -0.5, -1.0], [0.0, -0.1, 1e-6]]], np.float32)  # [2, 2, 3]
+  counts = dead_units.dead_counts({'conv': z})
+  # Unit 0 fires (0.5), unit 1 never > 0 (0.0 at most), unit 2 fires (1e-6).
+  assert counts['conv']['units'] == 3
+  assert counts['conv']['dead'] == 1
+  assert counts['conv']['dead_fraction'] == round(1 / 3, 4)
+  assert counts['conv']['preactivation_std'] == round(float(z.std()), 4)
+
+
+def test_the_vtrace_benchmarks_numpy_reference_matches_the_op():
+  vtrace_bench = _load('vtrace_bench')
+  from impala_tf import vtrace  # pylint: disable=g-import-not-at-top
+  inputs = vtrace_bench.make_inputs(5, 3, seed=1)
+  vs_np, pg_np = vtrace_bench.numpy_vtrace(*inputs)
+  out = vtrace.from_importance_weights(*inputs)
+  np.testing.assert_allclose(vs_np, out.vs.numpy(), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(pg_np, out.pg_advantages.numpy(), rtol=1e-5,
+                             atol=1e-5)
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

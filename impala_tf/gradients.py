@@ -1,11 +1,14 @@
 """One replica's loss and gradient on its shard of a batch, before the all-reduce.
 
 A shard is `[B / N, T + 1, ...]` (batch-major, as `impala_tf.data` delivers it);
-`shard_gradients` turns it time-major (`[T + 1, B / N, ...]`, see
-`impala_tf/types.py`), unrolls the network, computes V-trace and the losses
-(`impala_tf.losses`, SUMs over the shard) and their gradient, with PopArt's
-batch statistics (`impala_tf.popart`) when the network has them. The learner
-all-reduces what it returns, over the replicas, and applies it.
+`prepare_shard` turns its sequence fields time-major (`[T + 1, B / N, ...]`,
+see `impala_tf/types.py`) and its observations into the network's compute
+dtype, once per batch (the learner reuses a prepared shard for its
+`--num_sgd_iter` steps); `shard_gradients` unrolls the network on a prepared
+shard, computes V-trace and the losses (`impala_tf.losses`, SUMs over the shard)
+and their gradient, with PopArt's batch statistics (`impala_tf.popart`) when the
+network has them. The learner all-reduces what it returns, over the replicas,
+and applies it.
 """
 
 from typing import Callable, Dict, Sequence
@@ -44,6 +47,36 @@ def time_major(x: tf.Tensor) -> tf.Tensor:
   return tf.reshape(tf.gather(tf.reshape(x, [b * t] + rest), rows), [t, b] + rest)
 
 
+# A shard's `[B, T + 1, ...]` fields (`prepare_shard`: `[T + 1, B, ...]`).
+SEQUENCE_FIELDS = ('observation', 'reward', 'terminated', 'truncated', 'first',
+                   'prev_action', 'action', 'behaviour_logits')
+
+
+def prepare_shard(network: tf.Module,
+                  batch: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  """A shard as `impala_tf.data` delivers it -> as `shard_gradients` takes it.
+
+  Args:
+    network: the learner's `AgentNetwork` (its `scale_observation`).
+    batch: one replica's shard, `[B / N, T + 1, ...]` sequence fields
+      (`SEQUENCE_FIELDS`; the observation in the env's dtype) and per-unroll
+      fields `[B / N, ...]`.
+
+  Returns:
+    The same keys: the sequence fields time-major, `[T + 1, B / N, ...]`, the
+    observation `network.scale_observation`'s (uint8 pixels -> the compute
+    dtype, divided by 255); the per-unroll fields as they were. A learner that
+    steps several times on one batch prepares it once: the gather, the cast and
+    the scaling of a Pong batch's 4.7M pixels were paid on each of its 4 uses
+    (docs/benchmarks.md: the trainer's frames/s before and after).
+  """
+  out = dict(batch)
+  for key in SEQUENCE_FIELDS:
+    out[key] = time_major(batch[key])
+  out['observation'] = network.scale_observation(out['observation'])
+  return out
+
+
 def sum_in_order(terms: Sequence[tf.Tensor]) -> tf.Tensor:
   """`terms[0] + terms[1] + ...`, added in the same order on every replica.
 
@@ -72,7 +105,8 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
   Args:
     network: the learner's `AgentNetwork`.
     config: the run's Config.
-    batch: this replica's shard, `[B / N, T + 1, ...]` (see `data`).
+    batch: this replica's shard, prepared (`prepare_shard`): sequence fields
+      `[T + 1, B / N, ...]`, the observation in the network's compute dtype.
     term_norms: bool; True returns the three weighted loss terms' gradients.
     reduce: sums a structure of tensors over the replicas (the identity for
       one replica, which lets the whole function compile with XLA).
@@ -91,14 +125,8 @@ def shard_gradients(network: tf.Module, config: config_lib.Config,
     for `popart.apply_update`.
   """
   c = config
-  obs = time_major(batch['observation'])
-  reward = time_major(batch['reward'])
-  terminated = time_major(batch['terminated'])
-  truncated = time_major(batch['truncated'])
-  first = time_major(batch['first'])
-  prev_action = time_major(batch['prev_action'])
-  action = time_major(batch['action'])
-  behaviour_logits = time_major(batch['behaviour_logits'])
+  obs, reward, terminated, truncated, first, prev_action, action, \
+      behaviour_logits = (batch[key] for key in SEQUENCE_FIELDS)
   state = tuple(batch[f'core_state_{i}'] for i in range(num_state))
   variables = network.trainable_variables
   popart = network.popart

@@ -221,14 +221,24 @@ class AgentNetwork(tf.Module):
           f'observation shape {observation.shape.as_list()}: expected '
           f'{lead_dims} leading dims then {list(self.observation_shape)}')
 
+  def scale_observation(self, observation: tf.Tensor) -> tf.Tensor:
+    """Observations (any shape, any dtype) -> `compute_dtype`, the same shape.
+
+    uint8 pixels are divided by 255; other dtypes are only cast. A tensor
+    already in `compute_dtype` comes back unchanged, so scaling before `unroll`
+    or `step` (as the learner does once per batch it reuses) gives the same
+    outputs as passing the observations as they are.
+    """
+    x = tf.cast(observation, self.compute_dtype)
+    if observation.dtype == tf.uint8:
+      x = x / tf.constant(255.0, self.compute_dtype)
+    return x
+
   def _embed(self, observation: tf.Tensor):
     """`[N, *observation_shape]` (any dtype) -> (torso float32 `[N, F]`, value
     torso float32 `[N, F_v]` or None when the torso is shared), computed in
-    `compute_dtype`."""
-    dtype = self.compute_dtype
-    x = tf.cast(observation, dtype)
-    if observation.dtype == tf.uint8:
-      x = x / tf.constant(255.0, dtype)
+    `compute_dtype` (`scale_observation`)."""
+    x = self.scale_observation(observation)
     out = lambda torso: tf.cast(torso(x), tf.float32)
     return out(self.torso), (out(self.value_torso) if self.value_torso else None)
 

@@ -1,11 +1,11 @@
 """The steps of one learner call in one graph, and their outputs packed.
 
 `Learner.step_from_iterator` makes several train steps in one `tf.function` call
-(`CallSteps`: fetch a batch, time its wait, step `reuse` times, loop over more
-batches). The outputs of the steps of one call are carried through its loops as
-one float64 vector `[len(keys)]` (`Packed`) and come back as that vector and one
-flat vector of the network's weights per dtype, unpacked into Python floats and
-numpy arrays (`Unpacker`) with one `.numpy()` each.
+(`CallSteps`: fetch a batch, time its wait, prepare it once, step `reuse` times,
+loop over more batches). The outputs of the steps of one call are carried
+through its loops as one float64 vector `[len(keys)]` (`Packed`) and come back
+as that vector and one flat vector of the network's weights per dtype, unpacked
+into Python floats and numpy arrays (`Unpacker`) with one `.numpy()` each.
 """
 
 from typing import Callable, Dict, Sequence
@@ -96,7 +96,10 @@ class CallSteps:
 
   Args:
     train_step: `train_step(shards, term_norms, reuse_index=None)`, the learner's
-      train step on a distributed batch; returns its dict of scalar tensors.
+      train step on a prepared distributed batch; returns its dict of scalar
+      tensors.
+    prepare: distributed batch -> the prepared batch `train_step` takes; run
+      once per fetched batch, whose `reuse` steps share what it returns.
     strategy: the learner's `tf.distribute.Strategy`.
     steps_per_call: `config.learner_steps_per_call`.
     variables: the network's variables, in `network.variables` order.
@@ -106,10 +109,11 @@ class CallSteps:
     unpack: the `Unpacker` of the call's outputs.
   """
 
-  def __init__(self, train_step: Callable, strategy: tf.distribute.Strategy,
-               steps_per_call: int, variables: Sequence[tf.Variable],
-               read_weights: Callable):
+  def __init__(self, train_step: Callable, prepare: Callable,
+               strategy: tf.distribute.Strategy, steps_per_call: int,
+               variables: Sequence[tf.Variable], read_weights: Callable):
     self._train_step = train_step
+    self._prepare = prepare
     self._strategy = strategy
     self._steps_per_call = int(steps_per_call)
     self._read_weights_fn = read_weights
@@ -164,7 +168,7 @@ class CallSteps:
     # `ready` once the batch came, and their time would count as a data wait
     # (it did: 0.2-0.26 of a CartPole step on an always-ready dataset).
     with tf.control_dependencies([ready]):
-      shards = tf.nest.map_structure(tf.identity, shards)
+      shards = self._prepare(tf.nest.map_structure(tf.identity, shards))
       results = self._train_step(shards, term_norms)
     results['data_wait_seconds'] = ready - start
     results['steps'] = tf.constant(1, tf.int32)

@@ -1,4 +1,5 @@
-"""Tests for impala_tf.gradients: reward clipping, the time-major gather, sums.
+"""Tests for impala_tf.gradients: reward clipping, the time-major gather, sums,
+a shard's preparation.
 
 `shard_gradients` itself is tested through the learner's steps
 (`tests/learner_test.py`: against hand-computed updates, over replicas).
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from impala_tf import gradients
+from impala_tf import networks
 
 
 def test_clip_rewards_against_numpy():
@@ -43,3 +45,35 @@ def test_term_gradients_are_summed_left_to_right():
   e = tf.constant([1.0, 4.0], tf.float32)
   total = tf.function(gradients.sum_in_order)([a, b, e])
   np.testing.assert_array_equal(total.numpy(), [1.0, 7.0])
+
+
+def test_prepare_shard_makes_sequences_time_major_and_scales_pixels():
+  b, t1, shape = 3, 4, (20, 20, 2)
+  rng = np.random.default_rng(0)
+  batch = {
+      'observation': rng.integers(0, 256, (b, t1) + shape, dtype=np.uint8),
+      'reward': rng.normal(size=(b, t1)).astype(np.float32),
+      'terminated': rng.random((b, t1)) < 0.3,
+      'truncated': rng.random((b, t1)) < 0.3,
+      'first': rng.random((b, t1)) < 0.3,
+      'prev_action': rng.integers(0, 5, (b, t1)).astype(np.int32),
+      'action': rng.integers(0, 5, (b, t1)).astype(np.int32),
+      'behaviour_logits': rng.normal(size=(b, t1, 5)).astype(np.float32),
+      'reuse': np.array([0, 1, 2], np.int32),
+      'policy_version': np.array([7, 8, 9], np.int64),
+  }
+  for dtype in ('float32', 'bfloat16'):
+    net = networks.AgentNetwork(shape, np.uint8, 5, torso='shallow',
+                                use_lstm=False, compute_dtype=dtype)
+    out = tf.function(gradients.prepare_shard, autograph=False)(
+        net, {k: tf.constant(v) for k, v in batch.items()})
+    assert set(out) == set(batch)
+    for key in gradients.SEQUENCE_FIELDS[1:]:
+      np.testing.assert_array_equal(out[key], np.swapaxes(batch[key], 0, 1))
+    for key in ('reuse', 'policy_version'):
+      np.testing.assert_array_equal(out[key], batch[key])
+    obs = out['observation']
+    assert obs.dtype == tf.as_dtype(dtype)
+    want = tf.cast(np.swapaxes(batch['observation'], 0, 1), dtype) / 255
+    np.testing.assert_array_equal(tf.cast(obs, tf.float32),
+                                  tf.cast(want, tf.float32))

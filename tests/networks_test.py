@@ -213,6 +213,33 @@ def test_uint8_equals_float_over_255():
   np.testing.assert_allclose(out_u8.baseline, out_f.baseline, atol=1e-6)
 
 
+@pytest.mark.parametrize('compute_dtype', ['float32', 'bfloat16'])
+def test_scaled_observations_give_the_same_outputs(compute_dtype):
+  # The learner scales a batch's pixels once and unrolls on them for each reuse.
+  net = _net('shallow', use_lstm=True, compute_dtype=compute_dtype)
+  shape, _ = OBS['shallow']
+  x = _inputs((T, B), shape, np.uint8)
+  scaled = net.scale_observation(x.observation)
+  assert scaled.dtype == tf.as_dtype(compute_dtype)
+  np.testing.assert_array_equal(
+      tf.cast(scaled, tf.float32),
+      tf.cast(tf.cast(x.observation, compute_dtype) / 255, tf.float32))
+  # Already in the compute dtype: unchanged (not divided again).
+  again = net.scale_observation(scaled)
+  np.testing.assert_array_equal(tf.cast(again, tf.float32),
+                                tf.cast(scaled, tf.float32))
+  out_raw, final_raw = net.unroll(x, net.initial_state(B))
+  out_scaled, final_scaled = net.unroll(x._replace(observation=scaled),
+                                        net.initial_state(B))
+  for a, b in zip(tf.nest.flatten((out_raw, final_raw)),
+                  tf.nest.flatten((out_scaled, final_scaled))):
+    np.testing.assert_array_equal(a, b)
+  # Non-uint8 observations are only cast.
+  floats = np.array([[0.5, 300.0]], np.float64)
+  np.testing.assert_array_equal(_net('mlp', False).scale_observation(floats),
+                                floats.astype(np.float32))
+
+
 def test_variables_exist_after_construction_and_checkpoint_restore(tmp_path):
   net = _net('shallow', use_lstm=True, seed=1)
   assert _num_params(net) > 0

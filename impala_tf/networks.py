@@ -266,7 +266,8 @@ class AgentNetwork(tf.Module):
     """One step for a batch.
 
     Args:
-      inputs: AgentInput with `observation [B, *observation_shape]` (env dtype),
+      inputs: AgentInput with `observation [B, *observation_shape]` (env dtype,
+        or `scale_observation`'s),
         `prev_action` int32 `[B]`, `reward` float32 `[B]`, `first` bool `[B]`.
       state: `initial_state(B)`-like: `(h, c)` float32 `[B, lstm_size]`, or `()`;
         None means `initial_state(B)`.
@@ -299,7 +300,8 @@ class AgentNetwork(tf.Module):
     small for long sequences). Both give the same result as repeated `step`.
 
     Args:
-      inputs: AgentInput with `observation [T, B, *observation_shape]` (env dtype),
+      inputs: AgentInput with `observation [T, B, *observation_shape]` (env dtype,
+        or `scale_observation`'s),
         `prev_action` int32 `[T, B]`, `reward` float32 `[T, B]`, `first` bool
         `[T, B]`.
       state: the core state before step 0: `(h, c)` float32 `[B, lstm_size]`, or

@@ -23,7 +23,9 @@ Conventions (written once, here; every docstring in the package refers to them):
   does not — the return is bootstrapped from the value of the final observation, which
   is in the unroll.
 * **Dtypes.** Observations keep the environment's dtype (float32 vectors, uint8
-  pixels, converted to float32 on the learner's device); rewards and logits float32;
+  pixels) until the network: it casts them to its compute dtype and divides pixels
+  by 255 (`AgentNetwork.scale_observation`; the learner does it once per batch, on
+  its device, for all the steps that reuse the batch); rewards and logits float32;
   actions int32; flags bool; counters and versions int64.
 * **Frames.** One env frame is one agent step times the env's action repeat (4 for
   Atari, 1 otherwise). `env_frames` counts frames the actors produced; `trained_frames`

@@ -275,6 +275,8 @@ def main():
       # With --flagfile the rows run the file's setup, not TRAIN_FLAGS.
       'train_flags': [] if args.flagfile else TRAIN_FLAGS + args.extra,
       'machine': {'cpus': os.cpu_count(), 'python': platform.python_version(),
+                  # Given to the trainers; unset: theirs (impala_tf.cpu_kernels).
+                  'TF_ENABLE_ONEDNN_OPTS': os.environ.get('TF_ENABLE_ONEDNN_OPTS'),
                   'loadavg_1min_before': round(load_before[0], 2),
                   'loadavg_1min_after': round(os.getloadavg()[0], 2)},
       'env_only': env_only,

@@ -32,7 +32,9 @@ spaces are given), so no Atari ROMs are needed.
 Each result has ms per step and steps/s for `step`, `loop` and `bare`, and
 `step_over_bare` / `loop_over_bare` (1.0 = the learner costs only its network), and
 `loop_cpu_ms`: this process's CPU time per learner step in the loop (all threads; more
-than `loop_ms` when TensorFlow runs ops in parallel).
+than `loop_ms` when TensorFlow runs ops in parallel). TensorFlow's CPU kernels are
+the trainer's (`impala_tf.cpu_kernels`: oneDNN on x86-64 unless
+`TF_ENABLE_ONEDNN_OPTS` is set); `machine` records the variable.
 """
 
 import argparse
@@ -44,6 +46,8 @@ import sys
 import time
 
 import numpy as np
+
+from impala_tf import cpu_kernels
 
 SETTINGS = {
     'cartpole': [],
@@ -225,6 +229,8 @@ def main():
   parser.add_argument('--one', help=argparse.SUPPRESS)  # A child: this setting.
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
+  # The CPU kernels `python -m impala_tf.train` runs with (also in the children).
+  cpu_kernels.prefer_onednn()
   if args.one:
     print('RESULT ' + json.dumps(measure(args.one, args.extra, args.seconds)))
     return
@@ -251,6 +257,7 @@ def main():
       'benchmark': 'learner_step',
       'machine': {'cpus': os.cpu_count(), 'python': platform.python_version(),
                   'tensorflow': tf.__version__,
+                  cpu_kernels.ENV_VAR: os.environ.get(cpu_kernels.ENV_VAR),
                   'loadavg_1min_before': round(load_before[0], 2),
                   'loadavg_1min_after': round(os.getloadavg()[0], 2)},
       'results': results,

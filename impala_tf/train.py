@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from impala_tf import cpu_kernels
 from impala_tf import config as config_lib
 from impala_tf import env_defaults
 from impala_tf import flags as flags_lib
@@ -291,6 +292,7 @@ def _exit_now(status: int) -> None:
 
 
 def run():
+  cpu_kernels.prefer_onednn()  # Before anything imports TensorFlow.
   flags_lib.import_tensorflow_if_old(
       lambda: quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv)))
   app.run(main, flags_parser=flags_lib.parse_flags)

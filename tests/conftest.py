@@ -12,14 +12,24 @@ are built once instead of once per worker, and the files go out slowest first
 project's 2 cores, because the end-to-end tests wait on children, timeouts and Ray
 for part of their time: a suite run took 598 s with `-n 2` and 560 s with `-n 3`.
 Without xdist the files run in the same order; the tests within a file keep theirs.
+
+Each worker computes with the CPU kernels the entry points choose
+(`impala_tf.cpu_kernels`), so a test's in-process run and its children agree.
 """
 
 import os
+
+from impala_tf import cpu_kernels
 
 try:
   from xdist import scheduler as xdist_scheduler
 except ImportError:  # pytest without pytest-xdist: one process, the same order.
   xdist_scheduler = None
+
+# TensorFlow's kernels as the entry points choose them (impala_tf.cpu_kernels:
+# oneDNN also on x86-64 CPUs without AVX-512), here and in every child a test
+# starts, set before any test module imports TensorFlow.
+cpu_kernels.prefer_onednn()
 
 # Seconds each test file took on its worker in a quiet run of the README's command
 # on the project's 2-core machine (setup and teardown included); files not listed

@@ -39,6 +39,8 @@ import time
 
 import metrics_window  # bench/metrics_window.py, beside this script.
 
+from impala_tf import cpu_kernels
+
 SETTINGS = {
     'default': [],
     'sgd4': ['--num_sgd_iter=4'],
@@ -54,12 +56,11 @@ def actor_alone(seconds):
   import threading  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from impala_tf import actor as actor_lib  # pylint: disable=g-import-not-at-top
-  from impala_tf import checkpoints  # pylint: disable=g-import-not-at-top
   from impala_tf import config as config_lib  # pylint: disable=g-import-not-at-top
   from impala_tf import environments  # pylint: disable=g-import-not-at-top
   from impala_tf import networks  # pylint: disable=g-import-not-at-top
   config = config_lib.Config()
-  kwargs = checkpoints.env_kwargs(config)
+  kwargs = environments.env_kwargs(config)
   obs_space, action_space = environments.env_spaces(config.env, **kwargs)
   env = environments.make_vector_env(config.env, config.num_envs_per_actor, 0,
                                      vectorization=config.env_vectorization, **kwargs)
@@ -133,6 +134,8 @@ def main():
                       help=argparse.SUPPRESS)
   parser.add_argument('extra', nargs='*', help='extra train flags after --')
   args = parser.parse_args()
+  # The CPU kernels `python -m impala_tf.train` runs with (also in the children).
+  cpu_kernels.prefer_onednn()
   if args.actor_alone_child:
     print(json.dumps(actor_alone(args.actor_seconds)))
     return

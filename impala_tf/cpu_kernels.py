@@ -5,11 +5,11 @@ through oneDNN by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX; on
 other x86-64 CPUs (AVX2 only: many laptops and cloud machines) they use
 TensorFlow's Eigen kernels unless `TF_ENABLE_ONEDNN_OPTS=1` is set before
 TensorFlow is imported. Eigen computes the weight gradient of a strided
-convolution with few input channels slowly: on a 2-core AVX2 machine the shallow
-torso's first convolution (8x8, stride 4, 4 channels) took 31 ms for its weight
-gradient against 6.7 ms with oneDNN, a whole learner step of `configs/pong.cfg`
-116 against 62 ms of CPU, and the Pong trainer stepped 2,078 against 2,858 env
-frames/s (docs/benchmarks.md, "oneDNN on AVX2 CPUs").
+convolution with few input channels slowly: on a 2-core AVX2 machine the weight
+gradient of the shallow torso's first convolution (8x8, stride 4, 4 channels; a
+batch of 168 frame stacks) took 78.6 ms of CPU against 10.4 ms with oneDNN, a
+`configs/pong.cfg` learner step 123.8 against 71.3 ms, and the Pong trainer
+stepped 1.3-1.6x the env frames/s (docs/benchmarks.md, "oneDNN on AVX2 CPUs").
 
 The entry points (`impala_tf.train`, `.evaluate`, `.export`, when run as
 programs) call `prefer_onednn()` before anything imports TensorFlow: on x86-64,

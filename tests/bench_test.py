@@ -169,3 +169,30 @@ def test_the_vtrace_benchmarks_numpy_reference_matches_the_op():
 
 if __name__ == '__main__':
   sys.exit(pytest.main([__file__]))
+
+
+def test_cpu_kernels_reads_the_cpu_flags_line():
+  bench = _load('cpu_kernels')
+  cpuinfo = ('processor\t: 0\nmodel name\t: AMD EPYC\n'
+             'flags\t\t: fpu sse2 avx fma avx2 avx512f avx512_bf16 rdrand\n')
+  assert bench.cpu_flags(cpuinfo) == ['avx2', 'fma', 'avx512f', 'avx512_bf16']
+  assert bench.cpu_flags('flags\t: fpu sse2\n') == []
+  assert bench.cpu_flags('model name\t: x\n') == []
+
+
+def test_cpu_kernels_counts_the_shallow_torsos_multiply_adds():
+  bench = _load('cpu_kernels')
+  macs = bench.layer_macs(2)
+  # 84x84x4 -> conv 8x8/4 -> 20x20x16 -> conv 4x4/2 -> 9x9x32 -> fc 2592 -> 256.
+  assert macs['conv1'] == 2 * 400 * 256 * 16 == macs['conv1_filter_grad']
+  assert macs['conv2'] == 2 * 81 * 256 * 32 == macs['conv2_input_grad']
+  assert macs['fc'] == 2 * 2592 * 256
+  assert macs['torso_forward_backward'] == (2 * 400 * 256 * 16 * 2
+                                            + 2 * 81 * 256 * 32 * 3
+                                            + 2 * 2592 * 256 * 3)
+  row = lambda ms: {'ms_cpu': ms}
+  out = bench.summary({'conv1': row(30.0), 'fc': row(2.0)},
+                      {'conv1': row(4.0), 'fc': row(2.5)})
+  assert out['conv1']['off_over_on'] == 7.5
+  assert out['fc']['off_over_on'] == 0.8
+  assert out['conv1']['off'] == row(30.0)

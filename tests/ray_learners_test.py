@@ -50,13 +50,20 @@ def test_two_ray_learner_workers_train_stop_on_sigterm_and_leave_nothing(tmp_pat
     proc = subprocess.Popen([sys.executable, '-m', 'impala_tf.train'] + args,
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
   try:
-    deadline = time.time() + 180
+    # About 35 s alone on 2 cores; minutes beside the rest of the suite on a slow
+    # machine. SIGTERM goes only to a run that is training (a worker still
+    # starting up has no handler yet: its death would be the test's doing).
+    deadline = time.time() + 420
+    steps = 0
     while time.time() < deadline and proc.poll() is None:
       m = _metrics(logdir)
-      if m and m[-1].get('learner_steps', 0) >= 32:
+      steps = m[-1].get('learner_steps', 0) if m else 0
+      if steps >= 32:
         break
       time.sleep(0.2)
     assert proc.poll() is None, log_path.read_text(encoding='utf-8')[-3000:]
+    assert steps >= 32, (f'{steps} learner steps in 420 s; '
+                         + log_path.read_text(encoding='utf-8')[-3000:])
     # Ray runs actor methods in threads that block SIGTERM: the workers must
     # still get it (a child inherits the mask).
     proc.send_signal(signal.SIGTERM)

@@ -4,7 +4,6 @@ each entry point sets it before anything imports TensorFlow."""
 
 import os
 import platform
-import subprocess
 import sys
 
 import pytest
@@ -58,34 +57,16 @@ def test_defaults_read_this_process(monkeypatch):
   assert os.environ.get(VAR) == expected
 
 
-# Runs MODULE as `python -m MODULE ARGS` and prints, when it exits, the variable's
-# value and whether TensorFlow was imported by then.
-_PROBE = """
-import os, runpy, sys
-module = sys.argv[1]
-sys.argv = [module] + sys.argv[2:]
-try:
-  runpy.run_module(module, run_name='__main__', alter_sys=True)
-except SystemExit as e:
-  print('EXIT', e.code, os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset'))
-"""
-
-
 def _entry_point_value(module, value):
+  """The variable when `python -m MODULE --no_such_flag=1` exits (2, before any
+  work), its parent environment having `value` (None: not set)."""
   env = dict(os.environ)
   env.pop(VAR, None)
   if value is not None:
     env[VAR] = value
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (str(helpers.REPO), env.get('PYTHONPATH')) if p)
-  # An unknown flag: the program exits with 2 after its start, before any work.
-  proc = subprocess.run([sys.executable, '-c', _PROBE, module, '--no_such_flag=1'],
-                        cwd=helpers.REPO, env=env, capture_output=True, text=True,
-                        timeout=120, check=False)
-  last = proc.stdout.strip().splitlines()[-1:] or ['']
-  assert last[0].startswith('EXIT 2 '), proc.stdout[-2000:] + proc.stderr[-3000:]
-  assert 'no_such_flag' in proc.stderr
-  return last[0].split()[2]
+  code, _, onednn, stderr = helpers.run_exit_probe(module, ['--no_such_flag=1'], env)
+  assert code == 2 and 'no_such_flag' in stderr, stderr[-3000:]
+  return onednn
 
 
 @pytest.mark.e2e

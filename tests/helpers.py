@@ -33,7 +33,8 @@ def own_stderr_lines(stderr: str) -> List[str]:
 
 
 def run_python(args: Sequence[str], cwd=REPO, timeout: float = 180,
-               extra_path: Optional[str] = None) -> subprocess.CompletedProcess:
+               extra_path: Optional[str] = None,
+               env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
   """`python ARGS` with this checkout first on PYTHONPATH; output captured as text.
 
   Args:
@@ -41,8 +42,9 @@ def run_python(args: Sequence[str], cwd=REPO, timeout: float = 180,
     cwd: the working directory (the repository root by default).
     timeout: seconds before subprocess.TimeoutExpired.
     extra_path: a directory put before the checkout on PYTHONPATH.
+    env: the child's environment before PYTHONPATH is set (default: this one's).
   """
-  env = dict(os.environ)
+  env = dict(os.environ if env is None else env)
   env['PYTHONPATH'] = os.pathsep.join(
       p for p in (extra_path, str(REPO), env.get('PYTHONPATH')) if p)
   return subprocess.run([sys.executable, *args], cwd=cwd, env=env,
@@ -50,28 +52,41 @@ def run_python(args: Sequence[str], cwd=REPO, timeout: float = 180,
 
 
 _EXIT_PROBE = """
-import runpy, sys
+import os, runpy, sys
 module = sys.argv[1]
 sys.argv = [module] + sys.argv[2:]
 try:
   runpy.run_module(module, run_name='__main__', alter_sys=True)
 except SystemExit as e:
-  print('EXIT', e.code, 'tensorflow' in sys.modules)
+  print('EXIT', e.code, 'tensorflow' in sys.modules,
+        os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset'))
 """
 
 
-def exit_without_tensorflow(module: str, args: Sequence[str]) -> Tuple[int, bool, str]:
+def run_exit_probe(module: str, args: Sequence[str],
+                   env: Optional[Dict[str, str]] = None) -> Tuple[int, bool, str, str]:
   """Runs `python -m MODULE ARGS` as a program that is expected to exit.
+
+  Args:
+    module: the program's module, e.g. 'impala_tf.train'.
+    args: its arguments.
+    env: the child's environment (default: this one's).
 
   Returns:
     (its exit status, whether TensorFlow had been imported when it exited, its
-    stderr).
+    TF_ENABLE_ONEDNN_OPTS then or 'unset', its stderr).
   """
-  proc = run_python(['-c', _EXIT_PROBE, module, *args], timeout=120)
+  proc = run_python(['-c', _EXIT_PROBE, module, *args], timeout=120, env=env)
   last = proc.stdout.strip().splitlines()[-1:] or ['']
   assert last[0].startswith('EXIT '), proc.stdout[-2000:] + proc.stderr[-3000:]
-  _, code, imported = last[0].split()
-  return int(code), imported == 'True', proc.stderr
+  _, code, imported, onednn = last[0].split()
+  return int(code), imported == 'True', onednn, proc.stderr
+
+
+def exit_without_tensorflow(module: str, args: Sequence[str]) -> Tuple[int, bool, str]:
+  """`run_exit_probe` without the variable: (status, TF imported, stderr)."""
+  code, imported, _, stderr = run_exit_probe(module, args)
+  return code, imported, stderr
 
 
 def descendants(pid: int) -> List[int]:

@@ -5,9 +5,13 @@ other by name); here they are loaded from their files the same way. Each functio
 is checked against a hand computation: rates over a metrics window, the seed
 syntax and its errors, a curve's frames to target and drops, the stability
 summary, the soak's memory slope, the dead-unit count and the V-trace reference
-the V-trace benchmark times against the package's op.
+the V-trace benchmark times against the package's op. The scripts' main paths take
+minutes and are not run; instead every `module.attribute` they use of impala_tf's
+modules (and of each other) is checked to exist, read from their source.
 """
 
+import ast
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -167,9 +171,6 @@ def test_the_vtrace_benchmarks_numpy_reference_matches_the_op():
                              atol=1e-5)
 
 
-if __name__ == '__main__':
-  sys.exit(pytest.main([__file__]))
-
 
 def test_cpu_kernels_reads_the_cpu_flags_line():
   bench = _load('cpu_kernels')
@@ -196,3 +197,87 @@ def test_cpu_kernels_counts_the_shallow_torsos_multiply_adds():
   assert out['conv1']['off_over_on'] == 7.5
   assert out['fc']['off_over_on'] == 0.8
   assert out['conv1']['off'] == row(30.0)
+
+
+def _module_references(source, local_modules):
+  """`(line, alias, module, attribute)` for each `alias.attribute` in `source`
+  whose alias names an imported module: one of impala_tf's
+  (`from impala_tf import x [as y]`) or a script beside it (`import metrics_window`).
+
+  Scopes as Python has them, simplified: a function sees the module's imports and
+  its own (nested functions included), less the names it assigns or takes as
+  arguments, so a local variable that shadows a module is not read as the module.
+  """
+  tree = ast.parse(source)
+
+  def imports(nodes):
+    bound = {}
+    for node in nodes:
+      if (isinstance(node, ast.ImportFrom) and node.module == 'impala_tf'
+          and not node.level):
+        bound.update({a.asname or a.name: 'impala_tf.' + a.name for a in node.names})
+      elif isinstance(node, ast.Import):
+        bound.update({a.asname or a.name: a.name for a in node.names
+                      if a.name in local_modules})
+    return bound
+
+  def scope(nodes, inherited, arguments=()):
+    assigned = {n.id for n in nodes
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    bound = {k: v for k, v in inherited.items()
+             if k not in assigned and k not in arguments}
+    bound.update(imports(nodes))
+    return bound, {(n.lineno, n.value.id, bound[n.value.id], n.attr)
+                   for n in nodes if isinstance(n, ast.Attribute)
+                   and isinstance(n.value, ast.Name) and n.value.id in bound}
+
+  module_nodes = [n for stmt in tree.body
+                  if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef))
+                  for n in ast.walk(stmt)]
+  top, found = scope(module_nodes, {})
+  for fn in ast.walk(tree):
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      arguments = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+      found |= scope(list(ast.walk(fn)), top, arguments)[1]
+  return sorted(found)
+
+
+def test_module_references_follow_imports_and_shadowing():
+  source = (
+      'import metrics_window\n'
+      'from impala_tf import environments as envs, vtrace\n'
+      'def f(vtrace):\n'
+      '  return vtrace.anything, envs.env_kwargs, metrics_window.rates\n'
+      'def g():\n'
+      '  from impala_tf import checkpoints\n'
+      '  envs = 3\n'
+      '  return checkpoints.env_kwargs, envs.real\n')
+  assert _module_references(source, {'metrics_window'}) == [
+      (4, 'envs', 'impala_tf.environments', 'env_kwargs'),
+      (4, 'metrics_window', 'metrics_window', 'rates'),
+      (8, 'checkpoints', 'impala_tf.checkpoints', 'env_kwargs'),
+  ]
+
+
+def test_every_module_attribute_a_bench_script_uses_exists():
+  # The suite does not run the scripts' main paths (minutes each); this catches
+  # what once broke bench/throughput.py: a function that moved to another module.
+  scripts = sorted(f for f in os.listdir(_BENCH) if f.endswith('.py'))
+  local = {f[:-3] for f in scripts}
+  if _BENCH not in sys.path:
+    sys.path.insert(0, _BENCH)
+  missing, checked = [], 0
+  for script in scripts:
+    with open(os.path.join(_BENCH, script)) as f:
+      references = _module_references(f.read(), local)
+    for line, alias, module, attribute in references:
+      checked += 1
+      if not hasattr(importlib.import_module(module), attribute):
+        missing.append(f'bench/{script}:{line}: {alias}.{attribute} '
+                       f'({module} has no {attribute})')
+  assert not missing, '\n'.join(missing)
+  assert checked > 40  # The scripts do use the package (49 references today).
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__]))

@@ -22,24 +22,12 @@ import sys
 import tempfile
 import time
 
+from impala_tf import socket_audit
+
 
 def _tree(root):
-  children = {}
-  for d in os.listdir('/proc'):
-    if not d.isdigit():
-      continue
-    try:
-      with open(f'/proc/{d}/stat', encoding='utf-8') as f:
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-      continue
-    children.setdefault(ppid, []).append(int(d))
-  out, todo = [root], [root]
-  while todo:
-    for c in children.get(todo.pop(), []):
-      out.append(c)
-      todo.append(c)
-  return out
+  """`root` and the pids of every process below it."""
+  return [root] + socket_audit.descendants(root)
 
 
 def _rss_mb(pids):

@@ -7,7 +7,8 @@ on the loopback interface. `impala_tf.ray_session` runs it right after starting 
 local Ray, whose loopback binding rests on a private Ray constant: a Ray release
 that ignores it stops the run instead of opening ports to the network.
 `socket_inodes(pid)` is the set of socket inodes a process holds (those it had
-before Ray are left out of the check). Elsewhere than Linux nothing is checked.
+before Ray are left out of the check), `listening_sockets()` the listening ones
+and `descendants(pid)` the processes below one. Elsewhere than Linux nothing is checked.
 """
 
 import os
@@ -17,8 +18,8 @@ from typing import Dict, List
 from impala_tf import actor_pool
 
 
-def _listening_sockets() -> Dict[str, str]:
-  """Socket inode -> local address (hex, as in /proc/net/tcp*) of listening TCP sockets."""
+def listening_sockets() -> Dict[str, str]:
+  """Socket inode -> local address (hex `ADDR:PORT`, as in /proc/net/tcp*) of listening TCP sockets."""
   out = {}
   for path in ('/proc/net/tcp', '/proc/net/tcp6'):
     try:
@@ -113,7 +114,7 @@ def check_loopback_only(root: int, ignore: frozenset = frozenset()):
   """
   if not os.path.isdir('/proc/self/fd'):
     return
-  listening = _listening_sockets()
+  listening = listening_sockets()
   for pid in [root] + descendants(root):
     for inode in sorted(socket_inodes(pid) - set(ignore if pid == root else ())):
       address = listening.get(inode)

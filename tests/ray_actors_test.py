@@ -37,6 +37,7 @@ from impala_tf import driver
 from impala_tf import ray_actor
 from impala_tf import ray_actors
 from impala_tf import ray_session
+from impala_tf import socket_audit
 from impala_tf import testing
 
 # What the Ray tests share; pytest finds a fixture by its name in this module.
@@ -490,19 +491,9 @@ _descendants = helpers.descendants
 
 
 def _listening():
-  """socket inode -> local address of every listening TCP socket."""
-  out = {}
-  for path in ('/proc/net/tcp', '/proc/net/tcp6'):
-    try:
-      with open(path, encoding='utf-8') as f:
-        rows = f.read().splitlines()[1:]
-    except OSError:
-      continue
-    for row in rows:
-      fields = row.split()
-      if fields[3] == '0A':  # TCP_LISTEN
-        out[fields[9]] = fields[1].rsplit(':', 1)[0]
-  return out
+  """socket inode -> local address (hex, no port) of every listening TCP socket."""
+  return {inode: address.rsplit(':', 1)[0]
+          for inode, address in socket_audit.listening_sockets().items()}
 
 
 _LOOPBACK = ('0100007F',  # 127.0.0.1 (IPv4 table, little-endian)

@@ -21,13 +21,12 @@ from ray_testing import no_ray  # pylint: disable=unused-import
 def test_a_local_ray_that_does_not_listen_on_loopback_only_is_stopped(no_ray,
                                                                      monkeypatch):
   del no_ray
-  real = socket_audit._listening_sockets  # pylint: disable=protected-access
+  real = socket_audit.listening_sockets
 
   def as_if_on_every_interface():  # A Ray release that ignores the constant.
     return {inode: '00000000:' + addr.rsplit(':', 1)[1]
             for inode, addr in real().items()}
-  monkeypatch.setattr(socket_audit, '_listening_sockets', as_if_on_every_interface,
-                      raising=False)
+  monkeypatch.setattr(socket_audit, 'listening_sockets', as_if_on_every_interface)
   with pytest.raises(actor_pool.ActorPoolError) as e:
     ray_session.RaySession('', num_cpus=1)
   message = str(e.value)

@@ -8,7 +8,8 @@ local Ray, whose loopback binding rests on a private Ray constant: a Ray release
 that ignores it stops the run instead of opening ports to the network.
 `socket_inodes(pid)` is the set of socket inodes a process holds (those it had
 before Ray are left out of the check), `listening_sockets()` the listening ones
-and `descendants(pid)` the processes below one. Elsewhere than Linux nothing is checked.
+and `descendants(pid)` the processes below one. Elsewhere than Linux nothing is
+checked.
 """
 
 import os
@@ -19,7 +20,11 @@ from impala_tf import actor_pool
 
 
 def listening_sockets() -> Dict[str, str]:
-  """Socket inode -> local address (hex `ADDR:PORT`, as in /proc/net/tcp*) of listening TCP sockets."""
+  """Listening TCP sockets: socket inode -> local address.
+
+  Both str as /proc/net/tcp and /proc/net/tcp6 write them: the address is hex
+  `ADDR:PORT` (e.g. '0100007F:1F90' for 127.0.0.1:8080). {} where /proc has none.
+  """
   out = {}
   for path in ('/proc/net/tcp', '/proc/net/tcp6'):
     try:

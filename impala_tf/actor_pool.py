@@ -74,8 +74,8 @@ Arrays = Dict[str, np.ndarray]
 EpisodeSink = Callable[[List[types.EpisodeStats]], None]
 
 
-class ActorPoolError(RuntimeError):
-  """The pool cannot keep its actors alive; the message (one line) says why."""
+# The pool's error; defined in the TensorFlow-free `impala_tf.errors`.
+ActorPoolError = errors.ActorPoolError
 
 
 def env_seed(config: config_lib.Config, actor_id: int, restarts: int,

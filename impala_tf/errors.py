@@ -1,9 +1,13 @@
-"""One-line error text: how a message quoted inside another is shortened.
+"""One-line error text, and the error a pool of actors raises.
 
 An error quoted inside the run's own messages and log lines (`actor 3 died
 (...)`, `Ray actor 0 failed (...)`) stays on one line and short: `one_line`
 turns every run of whitespace (newlines included) into one space and cuts the
 text at `LIMIT` characters, the last of them `MARKER`.
+
+`ActorPoolError` is the pool's error (`impala_tf.actor_pool` names it too): it
+lives here so that modules that raise it without TensorFlow
+(`impala_tf.socket_audit`) need not import the pool.
 
 Standard library only, so that any module may import it.
 """
@@ -31,3 +35,7 @@ def one_line(message, limit: Optional[int] = LIMIT) -> str:
   """
   text = ' '.join(str(message).split())
   return text if limit is None or len(text) <= limit else text[:limit - len(MARKER)] + MARKER
+
+
+class ActorPoolError(RuntimeError):
+  """The pool cannot keep its actors alive; the message (one line) says why."""

@@ -9,14 +9,14 @@ that ignores it stops the run instead of opening ports to the network.
 `socket_inodes(pid)` is the set of socket inodes a process holds (those it had
 before Ray are left out of the check), `listening_sockets()` the listening ones
 and `descendants(pid)` the processes below one. Elsewhere than Linux nothing is
-checked.
+checked. Standard library only: no TensorFlow.
 """
 
 import os
 import socket
 from typing import Dict, List
 
-from impala_tf import actor_pool
+from impala_tf import errors
 
 
 def listening_sockets() -> Dict[str, str]:
@@ -115,7 +115,7 @@ def check_loopback_only(root: int, ignore: frozenset = frozenset()):
     ignore: socket inodes of `root` to leave out (those it had before Ray).
 
   Raises:
-    actor_pool.ActorPoolError: (one line) naming the first non-loopback listener.
+    errors.ActorPoolError: (one line) naming the first non-loopback listener.
   """
   if not os.path.isdir('/proc/self/fd'):
     return
@@ -124,7 +124,7 @@ def check_loopback_only(root: int, ignore: frozenset = frozenset()):
     for inode in sorted(socket_inodes(pid) - set(ignore if pid == root else ())):
       address = listening.get(inode)
       if address is not None and not _is_loopback(address):
-        raise actor_pool.ActorPoolError(
+        raise errors.ActorPoolError(
             f'the local Ray instance listens on {_readable(address)} (process '
             f'{pid}, {_process_name(pid)}), not only on 127.0.0.1: this Ray '
             'release ignores impala_tf\'s loopback setting, so the run stopped it '

@@ -5,6 +5,7 @@ read as on 0.0.0.0): starting a local Ray stops it, in one line naming the
 address, and leaves no Ray initialised (fail closed).
 """
 
+import subprocess
 import sys
 
 import pytest
@@ -33,6 +34,16 @@ def test_a_local_ray_that_does_not_listen_on_loopback_only_is_stopped(no_ray,
   assert message.startswith('the local Ray instance listens on 0.0.0.0:'), message
   assert 'not only on 127.0.0.1' in message and '\n' not in message
   assert not ray.is_initialized()  # Failed closed: shut down.
+
+
+def test_importing_it_does_not_import_tensorflow():
+  # bench/actor_backends.py's parent process imports it only to read /proc.
+  code = ('import sys; from impala_tf import socket_audit; '
+          'print(sorted(m for m in ("tensorflow", "impala_tf.actor_pool") '
+          'if m in sys.modules))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       check=True)
+  assert out.stdout.strip() == '[]', out.stdout + out.stderr[-2000:]
 
 
 if __name__ == '__main__':

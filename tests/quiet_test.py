@@ -104,6 +104,28 @@ def test_tensorflow_records_below_error_are_dropped(pathname, level, kept):
   assert quiet._DropTensorFlowRecords().filter(_record(pathname, level)) == kept
 
 
+_REMAPPER = ("E0000 00:00:1796614917.940214   11895 meta_optimizer.cc:967] remapper "
+             "failed: INVALID_ARGUMENT: Mutation::Apply error: fanout "
+             "'while/body/_49/gradient_tape/while/LeakyRelu_1/LeakyReluGrad' exist "
+             "for missing node 'while/body/_49/while/BiasAdd_1'.")
+
+
+@pytest.mark.parametrize('line,benign', [
+    (_REMAPPER, True),
+    # The same pass failing on anything else is news: shown.
+    (_REMAPPER.replace('LeakyReluGrad', 'ReluGrad'), False),
+    ('E0000 00:00:1.0   1 meta_optimizer.cc:967] layout failed: INVALID_ARGUMENT: '
+     'LeakyReluGrad', False),
+    ('E0000 00:00:1796075705.566074   13599 cuda_executor.cc:1228] failed call to '
+     'cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)', True),
+    ('F0000 00:00:1.0   1 meta_optimizer.cc:967] remapper failed: LeakyReluGrad',
+     False),
+], ids=['remapper_leaky_relu', 'remapper_other_op', 'other_pass', 'cuinit',
+        'fatal'])
+def test_is_benign(line, benign):
+  assert quiet.is_benign(line) == benign
+
+
 _BENIGN = (b'I0000 00:00:1796075705.554643   13599 cpu_feature_guard.cc:210] This '
            b'TensorFlow binary is optimized to use available CPU instructions\n')
 _CUINIT = (b'E0000 00:00:1796075705.566074   13599 cuda_executor.cc:1228] failed call '

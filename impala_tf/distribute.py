@@ -31,7 +31,7 @@ import signal
 import socket
 import threading
 import zlib
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
@@ -174,6 +174,30 @@ def check_port_free(port: int, what: str = 'port') -> None:
   detail = errors[0].strerror if errors else 'no socket family available'
   raise ClusterError(f'{what} {port} cannot be opened ({detail}): another process '
                      'holds it; free it or name another port')
+
+
+def resolve_cluster(config: config_lib.Config, environ: Optional[dict] = None
+                    ) -> Tuple[Optional[Cluster], config_lib.Config]:
+  """The cluster this worker joins and `config` as it runs there, checked early.
+
+  Args:
+    config: the run's Config.
+    environ: the environment (default os.environ).
+
+  Returns:
+    (None, `config`) without a multi-worker TF_CONFIG; else (the Cluster,
+    `config` with `num_learner_workers` the cluster's size), once this worker's
+    port was found free.
+
+  Raises:
+    ClusterError: (one line) TF_CONFIG cannot be used (`cluster_from_env`), or
+      this worker's port is taken (`check_port_free`).
+  """
+  cluster = cluster_from_env(config.num_learner_workers, environ)
+  if cluster is None:
+    return None, config
+  check_port_free(cluster.port, f'{TF_CONFIG} worker {cluster.index} port')
+  return cluster, config.replace(num_learner_workers=cluster.num_workers)
 
 
 def free_local_ports(count: int) -> List[int]:

@@ -192,11 +192,7 @@ def train(config: config_lib.Config,
       message is one line.
   """
   try:
-    cluster = distribute.cluster_from_env(config.num_learner_workers)
-    if cluster is not None:
-      config = config.replace(num_learner_workers=cluster.num_workers)
-      distribute.check_port_free(
-          cluster.port, f'{distribute.TF_CONFIG} worker {cluster.index} port')
+    cluster, config = distribute.resolve_cluster(config)
   except distribute.ClusterError as e:
     raise TrainingError(str(e)) from None
   except config_lib.ConfigError as e:

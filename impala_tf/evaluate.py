@@ -50,11 +50,9 @@ import os
 import sys
 from typing import Dict, Optional
 
-from absl import app
 from absl import flags
 import numpy as np
 
-from impala_tf import cpu_kernels
 from impala_tf import config as config_lib
 from impala_tf import environments
 from impala_tf import episodes
@@ -338,11 +336,7 @@ def main(argv):
 
 
 def run():
-  cpu_kernels.prefer_onednn()  # Before anything imports TensorFlow.
-  define_flags()
-  flags_lib.import_tensorflow_if_old(  # TensorFlow < 2.15 only (docs/design.md).
-      lambda: quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv)))
-  app.run(main, flags_parser=lambda argv: flags_lib.parse_flags(argv, prog=PROG))
+  flags_lib.run_program(main, PROG, define_flags)
 
 
 if __name__ == '__main__':

@@ -2,7 +2,6 @@
 
 Usage in an entry point:
 
-    from absl import app
     from impala_tf import flags as impala_flags
 
     impala_flags.define_flags()
@@ -13,7 +12,7 @@ Usage in an entry point:
       ...
 
     if __name__ == '__main__':
-      app.run(main, flags_parser=impala_flags.parse_flags)
+      impala_flags.run_program(main)
 
 Each flag has the name and the default of the `Config` field it sets (the defaults
 are read from `Config`, never repeated here). Spelling on the command line:
@@ -41,11 +40,14 @@ import re
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from absl import app
 from absl import flags as absl_flags
 
 from impala_tf import config as config_lib
+from impala_tf import cpu_kernels
 from impala_tf import env_defaults
 from impala_tf import errors
+from impala_tf import quiet
 
 FLAGS = absl_flags.FLAGS
 
@@ -378,6 +380,25 @@ def import_tensorflow_if_old(import_fn: Optional[Callable[[], object]] = None
     if import_fn is not None:
       import_fn()  # May import nothing (e.g. the user set TF_CPP_MIN_LOG_LEVEL).
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+
+
+def run_program(main: Callable[[List[str]], object],
+                prog: Optional[str] = None,
+                define: Optional[Callable[[], None]] = None) -> None:
+  """Runs an entry point's `main(argv)` as `python -m impala_tf.<program>` does.
+
+  In order: oneDNN's kernels chosen (`cpu_kernels.prefer_onednn`, before
+  anything imports TensorFlow), `define()` (the program's flags, if not defined
+  at import), TensorFlow imported quietly if it is older than 2.15
+  (`import_tensorflow_if_old`), then absl's `app.run(main)` with `parse_flags`
+  (one-line errors that start with `prog`, default `prog_name()`).
+  """
+  cpu_kernels.prefer_onednn()
+  if define is not None:
+    define()
+  import_tensorflow_if_old(
+      lambda: quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv)))
+  app.run(main, flags_parser=lambda argv: parse_flags(argv, prog=prog))
 
 
 def exit_with_error(message: str, prog: Optional[str] = None) -> None:

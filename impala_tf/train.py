@@ -29,11 +29,9 @@ import traceback
 import types
 from typing import Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 
-from impala_tf import cpu_kernels
 from impala_tf import config as config_lib
 from impala_tf import env_defaults
 from impala_tf import flags as flags_lib
@@ -74,11 +72,7 @@ def validated_config() -> config_lib.Config:
         raise with_user_code_location(e, FLAGS.verbosity) from None
     from impala_tf import distribute  # pylint: disable=g-import-not-at-top
     try:  # A bad TF_CONFIG, or its port taken: one line before any work.
-      cluster = distribute.cluster_from_env(cfg.num_learner_workers)
-      if cluster is not None:
-        cfg = cfg.replace(num_learner_workers=cluster.num_workers)
-        distribute.check_port_free(
-            cluster.port, f'{distribute.TF_CONFIG} worker {cluster.index} port')
+      _, cfg = distribute.resolve_cluster(cfg)
     except distribute.ClusterError as e:
       flags_lib.exit_with_error(str(e), PROG)
     try:
@@ -292,10 +286,7 @@ def _exit_now(status: int) -> None:
 
 
 def run():
-  cpu_kernels.prefer_onednn()  # Before anything imports TensorFlow.
-  flags_lib.import_tensorflow_if_old(
-      lambda: quiet.quiet_tensorflow(quiet.argv_verbosity(sys.argv)))
-  app.run(main, flags_parser=flags_lib.parse_flags)
+  flags_lib.run_program(main)
 
 
 class _CallableModule(types.ModuleType):

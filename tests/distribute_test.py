@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from impala_tf import config as config_lib
 from impala_tf import distribute
+from impala_tf import testing
 
 import helpers
 
@@ -294,6 +295,31 @@ def test_port_in_use_is_named():
   distribute.check_port_free(port)  # Free again.
   ports = distribute.free_local_ports(3)
   assert len(set(ports)) == 3 and all(0 < p < 65536 for p in ports)
+
+
+def test_resolve_cluster_takes_the_cluster_size_once_the_port_is_free():
+  config = testing.tiny_config()
+  assert distribute.resolve_cluster(config, {}) == (None, config)
+  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  try:
+    sock.bind(('0.0.0.0', 0))
+    sock.listen(1)
+    taken = sock.getsockname()[1]
+    free = distribute.free_local_ports(1)[0]
+    workers = [f'localhost:{taken}', f'localhost:{free}']
+    cluster, one = distribute.resolve_cluster(
+        config, {'TF_CONFIG': _tf_config(workers, 1)})
+    assert (cluster.index, cluster.port, cluster.num_workers) == (1, free, 2)
+    assert one.num_learner_workers == 2
+    assert one.replace(num_learner_workers=1) == config
+    with pytest.raises(distribute.ClusterError,
+                       match=f'^TF_CONFIG worker 0 port {taken} cannot be opened'):
+      distribute.resolve_cluster(config, {'TF_CONFIG': _tf_config(workers, 0)})
+    with pytest.raises(distribute.ClusterError, match='--num_learner_workers=3'):
+      distribute.resolve_cluster(config.replace(num_learner_workers=3, batch_size=6),
+                                 {'TF_CONFIG': _tf_config(workers, 1)})
+  finally:
+    sock.close()
 
 
 def test_exposure_line_names_every_port_on_all_interfaces():

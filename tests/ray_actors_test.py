@@ -502,19 +502,8 @@ _LOOPBACK = ('0100007F',  # 127.0.0.1 (IPv4 table, little-endian)
 
 
 def _sockets_of(pid, listening):
-  addrs = []
-  try:
-    fds = os.listdir(f'/proc/{pid}/fd')
-  except OSError:
-    return addrs
-  for fd in fds:
-    try:
-      target = os.readlink(f'/proc/{pid}/fd/{fd}')
-    except OSError:
-      continue
-    if target.startswith('socket:[') and target[8:-1] in listening:
-      addrs.append(listening[target[8:-1]])
-  return addrs
+  """Local addresses (hex, no port) of the listening sockets process `pid` holds."""
+  return [listening[i] for i in socket_audit.socket_inodes(pid) if i in listening]
 
 
 class _Watch:

@@ -192,12 +192,15 @@ def resolve_cluster(config: config_lib.Config, environ: Optional[dict] = None
   Raises:
     ClusterError: (one line) TF_CONFIG cannot be used (`cluster_from_env`), or
       this worker's port is taken (`check_port_free`).
+    config_lib.ConfigError: `config` with the cluster's size is invalid (e.g.
+      its batch does not split over the workers); checked before the port.
   """
   cluster = cluster_from_env(config.num_learner_workers, environ)
   if cluster is None:
     return None, config
+  config = config.replace(num_learner_workers=cluster.num_workers)
   check_port_free(cluster.port, f'{TF_CONFIG} worker {cluster.index} port')
-  return cluster, config.replace(num_learner_workers=cluster.num_workers)
+  return cluster, config
 
 
 def free_local_ports(count: int) -> List[int]:

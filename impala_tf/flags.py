@@ -390,8 +390,14 @@ def run_program(main: Callable[[List[str]], object],
   In order: oneDNN's kernels chosen (`cpu_kernels.prefer_onednn`, before
   anything imports TensorFlow), `define()` (the program's flags, if not defined
   at import), TensorFlow imported quietly if it is older than 2.15
-  (`import_tensorflow_if_old`), then absl's `app.run(main)` with `parse_flags`
-  (one-line errors that start with `prog`, default `prog_name()`).
+  (`import_tensorflow_if_old`), then absl's `app.run(main)` with `parse_flags`.
+
+  Args:
+    main: the program's `main(argv)`, called with the arguments left once the
+      flags are parsed.
+    prog: the name that starts its one-line errors (`<prog>: error: ...`);
+      None: `prog_name(argv)`, e.g. `impala_tf.train` under `python -m`.
+    define: defines the program's flags; None where they are defined at import.
   """
   cpu_kernels.prefer_onednn()
   if define is not None:
@@ -620,6 +626,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from absl import app  # pylint: disable=g-import-not-at-top
   define_flags()
   app.run(main, flags_parser=parse_flags)

@@ -9,7 +9,7 @@ that ignores it stops the run instead of opening ports to the network.
 `socket_inodes(pid)` is the set of socket inodes a process holds (those it had
 before Ray are left out of the check), `listening_sockets()` the listening ones
 and `descendants(pid)` the processes below one. Elsewhere than Linux nothing is
-checked. Standard library only: no TensorFlow.
+checked. Standard library and `impala_tf.errors` only: no TensorFlow.
 """
 
 import os

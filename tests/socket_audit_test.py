@@ -5,7 +5,6 @@ read as on 0.0.0.0): starting a local Ray stops it, in one line naming the
 address, and leaves no Ray initialised (fail closed).
 """
 
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,8 @@ import ray
 from impala_tf import actor_pool
 from impala_tf import ray_session
 from impala_tf import socket_audit
+
+import helpers
 
 # A fixture of what the Ray tests share; pytest finds it by its name here.
 from ray_testing import no_ray  # pylint: disable=unused-import
@@ -41,9 +42,9 @@ def test_importing_it_does_not_import_tensorflow():
   code = ('import sys; from impala_tf import socket_audit; '
           'print(sorted(m for m in ("tensorflow", "impala_tf.actor_pool") '
           'if m in sys.modules))')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                       check=True)
-  assert out.stdout.strip() == '[]', out.stdout + out.stderr[-2000:]
+  out = helpers.run_python(['-c', code], timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == '[]', (
+      out.stdout + out.stderr[-2000:])
 
 
 if __name__ == '__main__':

@@ -3,6 +3,7 @@
     python -m impala_tf.plot /tmp/run_a /tmp/run_b --output=curve.png
         [--x=frames|hours] [--random=auto|none|R] [--target=T] [--title=TEXT]
         [--env=ID] [--label=A --label=B] [--mark=FRAMES:RETURN:TEXT ...]
+        [--at=FRAMES ...]
 
 Draws the 100-episode mean return (`episode_return_mean` of `metrics.jsonl`) against
 env frames (`--x=hours`: wall-clock hours) into a PNG, and prints one JSON object
@@ -30,8 +31,14 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
   config.json.
 
 The summary has, per run: `path`, `label`, `env`, `points` (lines with a return),
-`first_return_mean`, `last_return_mean`, `best_return_mean`, `env_frames`,
-`wall_hours`, `episodes`; per line (`lines`): `label`, `runs`, `last_return_mean`
+`first_return_mean`, `last_return_mean`, `best_return_mean` (with its
+`best_env_frames`), `env_frames`, `wall_hours`, `episodes`, `fps_median` (of the
+lines' `fps`; null without any), `evals` (`[env_frames, eval_return_mean]` of each
+periodic evaluation) and `target_reached` (the first line at or above the target:
+`env_frames`, `wall_hours`, `return_mean`; null when no line reached it or there is
+no target), and with `--at=FRAMES` (repeated) `returns_at`: the return of the
+last line at or before each FRAMES, keyed by FRAMES as an integer string (null
+before the first return); per line (`lines`): `label`, `runs`, `last_return_mean`
 (mean over its seeds), the band's `last_return_min` / `last_return_max`, and its
 `color` / `linestyle` (`line_style`: ten colours, solid, then dashed, ...); and
 `output`, `x`, `random`, `target`, `title`, `marks` (`frames`, `return`,
@@ -126,6 +133,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   define(flags.DEFINE_enum, 'legend', 'inside', list(LEGENDS),
          'Where the legend goes: inside the axes (700 x 400 pixels), or outside, '
          'right of them (1000 x 450 pixels), for many lines and marks.')
+  define(flags.DEFINE_multi_string, 'at', None,
+         "Env frames at which the summary gives each run's return (repeat for "
+         "more): its `returns_at`, e.g. --at=15e6.")
   define(flags.DEFINE_multi_string, 'label', None,
          'Legend name of a line; repeat it, one per line in the order of the '
          'arguments (repeated seeds of the same flags are one line).')
@@ -151,7 +161,8 @@ def read_run(path: str, env: Optional[str] = None) -> Dict[str, object]:
   Returns:
     dict: `path`, `config` (config.json as a dict, or {}), `env`, `frames`,
     `hours`, `returns` (float64 `[N]` numpy arrays of the lines that have a return),
-    `wall_hours`, `env_frames` and `episodes` (of the last line).
+    `wall_hours`, `env_frames` and `episodes` (of the last line), `fps` (float64
+    `[M]`, the lines' `fps`) and `evals` (`[env_frames, eval_return_mean]` pairs).
 
   Raises:
     PlotError: no metrics.jsonl, an unreadable one, or no episode return in it.
@@ -197,7 +208,30 @@ def read_run(path: str, env: Optional[str] = None) -> Dict[str, object]:
       'env_frames': int(last.get('env_frames', 0)),
       'wall_hours': float(last.get('wall_seconds', 0.0)) / 3600,
       'episodes': last.get('episodes'),
+      'fps': np.array([l['fps'] for l in lines if l.get('fps') is not None],
+                      np.float64),
+      'evals': [[l.get('env_frames'), l['eval_return_mean']] for l in lines
+                if l.get('eval_return_mean') is not None],
   }
+
+
+def target_reached(run: Dict[str, object],
+                   target: Optional[float]) -> Optional[Dict[str, object]]:
+  """The first point of `run` (from `read_run`) whose return is >= `target`.
+
+  Returns:
+    {'env_frames': int, 'wall_hours': float, 'return_mean': float}, or None when
+    `target` is None or no point reaches it.
+  """
+  if target is None:
+    return None
+  hits = np.flatnonzero(run['returns'] >= target)
+  if not hits.size:
+    return None
+  i = int(hits[0])
+  return {'env_frames': int(run['frames'][i]),
+          'wall_hours': round(float(run['hours'][i]), 3),
+          'return_mean': float(run['returns'][i])}
 
 
 def _experiment(run: Dict[str, object]) -> Optional[str]:
@@ -282,6 +316,23 @@ def _mark(text: str) -> Dict[str, object]:
   return {'frames': frames, 'return': ret, 'text': parts[2].strip()}
 
 
+def _at(value) -> int:
+  """An `--at` value (env frames, e.g. '15e6') as an int."""
+  try:
+    frames = float(value)
+  except (TypeError, ValueError):
+    frames = float('nan')
+  if not np.isfinite(frames) or frames < 0:
+    raise PlotError(f'--at={value}: must be a number of env frames >= 0, e.g. 15e6')
+  return int(frames)
+
+
+def return_at(run: Dict[str, object], frames: int) -> Optional[float]:
+  """The return of the last point of `run` at or before `frames`, or None."""
+  i = int(np.searchsorted(run['frames'], frames, side='right')) - 1
+  return float(run['returns'][i]) if i >= 0 else None
+
+
 def _frames_text(frames: int) -> str:
   if frames >= 1e6:
     return f'{frames / 1e6:.1f}M'
@@ -307,7 +358,8 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
          title: Optional[str] = None, env: Optional[str] = None,
          labels: Optional[Sequence[str]] = None,
          marks: Optional[Sequence[str]] = None,
-         legend: str = 'inside') -> Dict[str, object]:
+         legend: str = 'inside',
+         at: Optional[Sequence[object]] = None) -> Dict[str, object]:
   """Draws the return curves of `paths` into the PNG `output`; see the module doc.
 
   Args:
@@ -321,6 +373,8 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     labels: the legend names of the lines (one per line), or None.
     marks: reference points 'FRAMES:RETURN:TEXT' (see the module docstring).
     legend: 'inside' or 'outside' (right of the axes, on a wider figure).
+    at: env frames (numbers or numeric strings) at which to give each run's
+      return (`returns_at`), or None.
 
   Returns:
     The summary dict (the module docstring lists its keys).
@@ -345,6 +399,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   if not os.path.isdir(parent):
     raise PlotError(f'--output={output}: no such directory {parent}')
   points = [_mark(m) for m in marks or ()]
+  at_frames = [_at(a) for a in at or ()]
   if points and x != 'frames':
     raise PlotError(f'--mark={marks[0]}: needs --x=frames (a mark is at env frames)')
   runs = [read_run(p, env) for p in paths]
@@ -444,9 +499,15 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
           'first_return_mean': float(r['returns'][0]),
           'last_return_mean': float(r['returns'][-1]),
           'best_return_mean': float(r['returns'].max()),
+          'best_env_frames': int(r['frames'][int(np.argmax(r['returns']))]),
           'env_frames': r['env_frames'],
           'wall_hours': round(r['wall_hours'], 3),
           'episodes': r['episodes'],
+          'fps_median': float(np.median(r['fps'])) if r['fps'].size else None,
+          'evals': r['evals'],
+          'target_reached': target_reached(r, target),
+          **({'returns_at': {str(a): return_at(r, a) for a in at_frames}}
+             if at_frames else {}),
       } for r in runs],
   }
 
@@ -463,6 +524,7 @@ def main(argv):
   try:
     summary = plot(paths, fv.output, x=fv.x, random=fv.random, target=fv.target,
                    title=fv.title, env=fv.env, labels=fv.label, marks=fv.mark,
+                   at=fv.at,
                    legend=fv.legend)
   except PlotError as e:
     flags_lib.exit_with_error(str(e), PROG)

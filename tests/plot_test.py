@@ -71,7 +71,13 @@ def test_plot_groups_seeds_and_summarises_the_numbers(runs, tmp_path):
   assert (r1['points'], r1['first_return_mean'], r1['last_return_mean'],
           r1['best_return_mean']) == (4, 20.0, 500.0, 500.0)
   assert (r1['env_frames'], r1['wall_hours'], r1['episodes']) == (5000, 0.5, 50)
+  assert r1['best_env_frames'] == 5000
   assert by_path[other]['env_frames'] == 6000
+  # The shared target (475) is first reached by seed1's last line; never by seed2.
+  assert r1['target_reached'] == {'env_frames': 5000, 'wall_hours': 0.5,
+                                  'return_mean': 500.0}
+  assert by_path[seed2]['target_reached'] is None
+  assert r1['fps_median'] is None and r1['evals'] == []
   # Two lines: the two seeds (one line, a band) and the other learning rate,
   # named by the flag in which they differ.
   assert [l['label'] for l in s['lines']] == [
@@ -109,6 +115,43 @@ def test_eleven_lines_and_marks_do_not_share_a_style(tmp_path, monkeypatch):
   assert drawn['ref'][0] == 'C1'
   assert [plot.line_style(k) for k in (9, 10, 20, 30, 40)] == [
       ('C9', '-'), ('C0', '--'), ('C0', '-.'), ('C0', ':'), ('C0', '-')]
+
+
+def test_summary_reads_fps_evals_and_the_first_line_at_the_target(tmp_path):
+  path = tmp_path / 'run'
+  path.mkdir()
+  lines = [
+      {'env_frames': 100, 'wall_seconds': 36.0, 'fps': 10.0},
+      {'env_frames': 200, 'wall_seconds': 72.0, 'fps': 30.0,
+       'episode_return_mean': 5.0},
+      {'env_frames': 250, 'eval_return_mean': 9.5, 'eval_episodes': 2},
+      {'env_frames': 300, 'wall_seconds': 108.0, 'fps': 20.0,
+       'episode_return_mean': 8.0},
+      {'env_frames': 400, 'wall_seconds': 144.0, 'fps': 40.0,
+       'episode_return_mean': 7.0},
+  ]
+  (path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
+  out = str(tmp_path / 'c.png')
+  r = plot.plot([str(path)], out, target=7.5, env='Pong')['runs'][0]
+  assert r['fps_median'] == 25.0  # Median of 10, 30, 20, 40.
+  assert r['evals'] == [[250, 9.5]]
+  assert (r['best_return_mean'], r['best_env_frames']) == (8.0, 300)
+  # The first line at or above 7.5 (300 frames), not the best or the last.
+  assert r['target_reached'] == {'env_frames': 300, 'wall_hours': 0.03,
+                                 'return_mean': 8.0}
+  reached = plot.plot([str(path)], out, target=8.0)['runs'][0]['target_reached']
+  assert reached['env_frames'] == 300  # Equal to the target counts.
+  assert plot.plot([str(path)], out, target=8.5)['runs'][0]['target_reached'] is None
+  assert plot.plot([str(path)], out)['runs'][0]['target_reached'] is None
+  # --at: the last return at or before each frame count (none before the first).
+  r = plot.plot([str(path)], out, at=['250', 400, '1e9', 50, 300])['runs'][0]
+  assert r['returns_at'] == {'250': 5.0, '400': 7.0, '1000000000': 7.0,
+                             '50': None, '300': 8.0}
+  assert 'returns_at' not in plot.plot([str(path)], out)['runs'][0]
+  for bad in ('x', '-1', 'nan'):
+    with pytest.raises(plot.PlotError,
+                       match=rf'^--at={bad}: must be a number of env frames >= 0'):
+      plot.plot([str(path)], out, at=[bad])
 
 
 def test_band_is_mean_min_max_over_the_common_range(runs):
@@ -199,11 +242,13 @@ def _python(args, extra_path=None):
 def test_cli_two_logdirs_write_a_png_and_print_the_summary(runs, tmp_path):
   seed1, _, other = runs
   out = tmp_path / 'two.png'
-  result = _python([seed1, other, f'--output={out}'])
+  result = _python([seed1, other, f'--output={out}', '--at=3e3', '--at=6000'])
   assert result.returncode == 0, result.stderr[-3000:]
   s = json.loads(result.stdout.strip().splitlines()[-1])
   assert s['output'] == str(out) and _png_shape(out)[:2] == (400, 700)
   assert [r['path'] for r in s['runs']] == [seed1, other]
+  assert [r['returns_at'] for r in s['runs']] == [
+      {'3000': 100.0, '6000': 500.0}, {'3000': 15.0, '6000': 35.0}]
   assert [l['label'] for l in s['lines']] == ['learning_rate=0.001',
                                              'learning_rate=0.01']
 
@@ -233,6 +278,8 @@ def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
       ([str(tmp_path / 'missing'), f'--output={tmp_path / "x.png"}'],
        'no such run directory', None),
       ([seed1, '--x=steps', f'--output={tmp_path / "x.png"}'], '--x=steps', None),
+      ([seed1, '--at=soon', f'--output={tmp_path / "x.png"}'],
+       '--at=soon: must be a number of env frames >= 0', None),
       ([seed1, f'--output={tmp_path / "x.png"}'],
        "needs matplotlib (the plot extra): pip install 'impala_tf[plot]'",
        str(blocker)),

@@ -36,9 +36,9 @@ The summary has, per run: `path`, `label`, `env`, `points` (lines with a return)
 lines' `fps`; null without any), `evals` (`[env_frames, eval_return_mean]` of each
 periodic evaluation) and `target_reached` (the first line at or above the target:
 `env_frames`, `wall_hours`, `return_mean`; null when no line reached it or there is
-no target), and with `--at=FRAMES` (repeated) `returns_at`: the return of the
-last line at or before each FRAMES, keyed by FRAMES as an integer string (null
-before the first return); per line (`lines`): `label`, `runs`, `last_return_mean`
+no target), and with `--at=FRAMES` (repeated) `returns_at`: the return when the
+run reached each FRAMES (its first line at or past it), keyed by FRAMES as an
+integer string (null when the run stopped short of it); per line (`lines`): `label`, `runs`, `last_return_mean`
 (mean over its seeds), the band's `last_return_min` / `last_return_max`, and its
 `color` / `linestyle` (`line_style`: ten colours, solid, then dashed, ...); and
 `output`, `x`, `random`, `target`, `title`, `marks` (`frames`, `return`,
@@ -328,9 +328,13 @@ def _at(value) -> int:
 
 
 def return_at(run: Dict[str, object], frames: int) -> Optional[float]:
-  """The return of the last point of `run` at or before `frames`, or None."""
-  i = int(np.searchsorted(run['frames'], frames, side='right')) - 1
-  return float(run['returns'][i]) if i >= 0 else None
+  """The return when `run` reached `frames`: its first point at or past them.
+
+  None when the run stopped short of `frames`. A run's lines are some seconds apart,
+  so the point can be past `frames` by up to one line's frames.
+  """
+  i = int(np.searchsorted(run['frames'], frames, side='left'))
+  return float(run['returns'][i]) if i < len(run['returns']) else None
 
 
 def _frames_text(frames: int) -> str:

@@ -143,10 +143,11 @@ def test_summary_reads_fps_evals_and_the_first_line_at_the_target(tmp_path):
   assert reached['env_frames'] == 300  # Equal to the target counts.
   assert plot.plot([str(path)], out, target=8.5)['runs'][0]['target_reached'] is None
   assert plot.plot([str(path)], out)['runs'][0]['target_reached'] is None
-  # --at: the last return at or before each frame count (none before the first).
+  # --at: the return when the run reached each frame count (its first point at
+  # or past it; none past the last point).
   r = plot.plot([str(path)], out, at=['250', 400, '1e9', 50, 300])['runs'][0]
-  assert r['returns_at'] == {'250': 5.0, '400': 7.0, '1000000000': 7.0,
-                             '50': None, '300': 8.0}
+  assert r['returns_at'] == {'250': 8.0, '400': 7.0, '1000000000': None,
+                             '50': 5.0, '300': 8.0}
   assert 'returns_at' not in plot.plot([str(path)], out)['runs'][0]
   for bad in ('x', '-1', 'nan'):
     with pytest.raises(plot.PlotError,
@@ -248,7 +249,7 @@ def test_cli_two_logdirs_write_a_png_and_print_the_summary(runs, tmp_path):
   assert s['output'] == str(out) and _png_shape(out)[:2] == (400, 700)
   assert [r['path'] for r in s['runs']] == [seed1, other]
   assert [r['returns_at'] for r in s['runs']] == [
-      {'3000': 100.0, '6000': 500.0}, {'3000': 15.0, '6000': 35.0}]
+      {'3000': 100.0, '6000': None}, {'3000': 25.0, '6000': 35.0}]
   assert [l['label'] for l in s['lines']] == ['learning_rate=0.001',
                                              'learning_rate=0.01']
 

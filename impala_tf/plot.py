@@ -38,11 +38,11 @@ periodic evaluation) and `target_reached` (the first line at or above the target
 `env_frames`, `wall_hours`, `return_mean`; null when no line reached it or there is
 no target), and with `--at=FRAMES` (repeated) `returns_at`: the return when the
 run reached each FRAMES (its first line at or past it), keyed by FRAMES as an
-integer string (null when the run stopped short of it); per line (`lines`): `label`, `runs`, `last_return_mean`
-(mean over its seeds), the band's `last_return_min` / `last_return_max`, and its
-`color` / `linestyle` (`line_style`: ten colours, solid, then dashed, ...); and
-`output`, `x`, `random`, `target`, `title`, `marks` (`frames`, `return`,
-`text` each).
+integer string (null when the run stopped short of it); per line (`lines`):
+`label`, `runs`, `last_return_mean` (mean over its seeds), the band's
+`last_return_min` / `last_return_max`, and its `color` / `linestyle`
+(`line_style`: ten colours, solid, then dashed, ...); and `output`, `x`, `random`,
+`target`, `title`, `marks` (`frames`, `return`, `text` each).
 
 Needs matplotlib: `pip install 'impala_tf[plot]'`. Errors (no metrics.jsonl, no
 returns in it, no matplotlib, a bad flag) end the program with exit status 2 and one

@@ -4,7 +4,8 @@ Checkpoints (`Checkpointer`): tf.train.Checkpoint + CheckpointManager. A checkpo
 holds whatever trackables the driver hands in: the network, the optimizer (its slots
 and iteration count), the learner counters (learner steps, consumed / replayed /
 trained frames, which are also the schedules' position), the run counters (env
-frames, episodes, wall time) and the actors' RNG states. A run started on a logdir
+frames, episodes, wall time), the episodes of the 100-episode training mean
+(`EpisodeWindow`) and the actors' RNG states. A run started on a logdir
 that has checkpoints restores the latest one before any training. The manager
 updates `checkpoints/checkpoint` (the index of what exists) only after a checkpoint's
 files are complete, so a run killed with SIGKILL mid-save resumes from the previous
@@ -37,8 +38,9 @@ import glob
 import os
 import re
 import shutil
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from impala_tf import config as config_lib
@@ -46,6 +48,7 @@ from impala_tf import environments
 from impala_tf import errors
 from impala_tf import networks
 from impala_tf import rundir
+from impala_tf import types
 
 def _checkpoint_number(prefix: str) -> int:
   match = re.search(r'-(\d+)$', prefix)
@@ -373,9 +376,45 @@ class RunState(tf.Module):
     self.wall_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
 
+class EpisodeWindow(tf.Module):
+  """The episodes of the 100-episode training mean, for checkpoints.
+
+  A resumed run's mean goes on over the episodes before the stop instead of
+  starting again from one episode. Holds up to `CAPACITY` episodes, oldest first:
+  `returns` float64 [CAPACITY], `lengths` int64 [CAPACITY] (agent steps), the first
+  `size` (int64 scalar) of them valid.
+  """
+
+  CAPACITY = 100
+
+  def __init__(self):
+    super().__init__(name='episode_window')
+    self.returns = tf.Variable(tf.zeros([self.CAPACITY], tf.float64),
+                               trainable=False)
+    self.lengths = tf.Variable(tf.zeros([self.CAPACITY], tf.int64), trainable=False)
+    self.size = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def assign(self, episodes: Sequence[types.EpisodeStats]):
+    """Keeps the last `CAPACITY` of `episodes` (oldest first)."""
+    episodes = list(episodes)[-self.CAPACITY:]
+    pad = self.CAPACITY - len(episodes)
+    self.returns.assign(np.array([float(e.episode_return) for e in episodes] +
+                                 [0.0] * pad, np.float64))
+    self.lengths.assign(np.array([int(e.length) for e in episodes] + [0] * pad,
+                                 np.int64))
+    self.size.assign(len(episodes))
+
+  def episodes(self) -> List[types.EpisodeStats]:
+    """The held episodes, oldest first (returns as float, lengths as int)."""
+    n = int(self.size.numpy())
+    returns, lengths = self.returns.numpy()[:n], self.lengths.numpy()[:n]
+    return [types.EpisodeStats(float(r), int(l)) for r, l in zip(returns, lengths)]
+
+
 def run_checkpointers(logdir: str, keep: int, learner, run_state: RunState,
                       resumes: tf.Variable, actor_rngs: List[tf.random.Generator],
-                      worker_index: int = 0
+                      worker_index: int = 0,
+                      episode_window: Optional[EpisodeWindow] = None
                       ) -> Tuple['Checkpointer', 'Checkpointer', Optional[str]]:
   """What a training run checkpoints, and where each learner worker saves it.
 
@@ -387,14 +426,16 @@ def run_checkpointers(logdir: str, keep: int, learner, run_state: RunState,
     resumes: the count of resumes.
     actor_rngs: the actors' sampling RNGs (the chief's are checkpointed).
     worker_index: this learner worker (0: the chief).
+    episode_window: the episodes of the training mean (None: not checkpointed).
 
   Returns:
     (restore_from, save_to, tmpdir): every worker restores from the chief's
     checkpoints in `logdir`; the chief saves there, another worker (TensorFlow's
     protocol: every worker saves) to `logdir/workertemp_I` (TensorFlow's name),
     emptied here and to be deleted at the end (`tmpdir`; None for the chief).
-    The actors' RNGs, `nonfinite_updates` and `resumes` are optional (older
-    checkpoints lack them); another worker's RNGs are its own, not restored.
+    The actors' RNGs, `nonfinite_updates`, `resumes` and `episode_window` are
+    optional (older checkpoints lack them); another worker's RNGs are its own,
+    not restored.
   """
   trackables = dict(
       network=learner.network, optimizer=learner.optimizer,
@@ -404,7 +445,9 @@ def run_checkpointers(logdir: str, keep: int, learner, run_state: RunState,
       trained_frames=learner.trained_frames, run_state=run_state,
       nonfinite_updates=learner.nonfinite_updates, resumes=resumes)
   optional = [f'actor_rng_{i}' for i in range(len(actor_rngs))] + [
-      'nonfinite_updates', 'resumes']
+      'nonfinite_updates', 'resumes', 'episode_window']
+  if episode_window is not None:
+    trackables['episode_window'] = episode_window
   if worker_index == 0:
     trackables.update({f'actor_rng_{i}': g for i, g in enumerate(actor_rngs)})
   restore_from = Checkpointer(logdir, keep, optional=optional, **trackables)

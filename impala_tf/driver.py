@@ -350,9 +350,11 @@ class _Run:
         tf.random.Generator.from_seed(
             actor_pool.actor_rng_seed(self.actor_config, i))
         for i in range(config.num_actors)]
+    # The episodes of the training mean: a resumed run's mean goes on over them.
+    self.episode_window = checkpoints.EpisodeWindow()
     self.ckpt, self.save_ckpt, self.tmpdir = checkpoints.run_checkpointers(
         config.logdir, config.keep_checkpoints, self.learner, self.run_state,
-        self.resumes, self.actor_rngs, self.worker_index)
+        self.resumes, self.actor_rngs, self.worker_index, self.episode_window)
     self.watchdog.phase('starting: the network, restoring the checkpoint')
     self.restored = self._restore()
     self.watchdog.restored(int(self.learner.learner_steps.numpy()))
@@ -410,6 +412,9 @@ class _Run:
     if self.chief:
       rundir.write_config(self.config)  # After the restore: a mismatch keeps it.
     if restored and self.chief:
+      # The chief's own episodes (another worker's are not in the checkpoint; it
+      # starts its share of the mean anew).
+      self.episode_log.restore(self.episode_window.episodes())
       frames = int(self.run_state.env_frames.numpy())
       steps = int(self.learner.learner_steps.numpy())
       logging.info('Resuming from %s: %d env frames, %d learner steps.', restored,
@@ -715,6 +720,7 @@ class _Run:
   def _save(self):
     self.run_state.env_frames.assign(self._env_frames())
     self.run_state.episodes.assign(self.agreement.episodes())
+    self.episode_window.assign(self.episode_log.recent())
     self.run_state.wall_seconds.assign(self.base_wall + time.time() - self.start_time)
     return self.save_ckpt.save(int(self.learner.learner_steps.numpy()))
 

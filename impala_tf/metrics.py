@@ -158,6 +158,22 @@ class EpisodeLog:
         self._recent.append(e)
         self.count += 1
 
+  def recent(self) -> List[types.EpisodeStats]:
+    """The episodes of the mean, oldest first (at most `window`)."""
+    with self._lock:
+      return list(self._recent)
+
+  def restore(self, episodes: Iterable[types.EpisodeStats]):
+    """Puts a resumed run's last episodes before any new ones (oldest first).
+
+    The count is not changed (the run counters restore it); of `episodes` and the
+    episodes added since, the last `window` are kept.
+    """
+    with self._lock:
+      added = list(self._recent)
+      self._recent.clear()
+      self._recent.extend(list(episodes) + added)
+
   def summary(self) -> Dict[str, Optional[float]]:
     """Mean return/length over the last `window` episodes (None before any)."""
     with self._lock:

@@ -11,6 +11,7 @@ from impala_tf import checkpoints
 from impala_tf import config as config_lib
 from impala_tf import rundir
 from impala_tf import testing
+from impala_tf import types
 
 
 def _state(seed=0):
@@ -91,6 +92,39 @@ def test_optional_trackables_may_be_missing(tmp_path):
     checkpoints.Checkpointer(str(tmp_path), 1, optional=['rng_1'], rng_0=new0,
                              rng_1=new1, counter=counter,
                              other=tf.Variable(1.0)).restore_latest()
+
+
+def test_episode_window_round_trip_keeps_the_last_100(tmp_path):
+  window = checkpoints.EpisodeWindow()
+  assert window.episodes() == []
+  episodes = [types.EpisodeStats(0.5 * i - 20, 100 + i) for i in range(130)]
+  window.assign(episodes)
+  checkpoints.Checkpointer(str(tmp_path), 1, episode_window=window).save(1)
+  fresh = checkpoints.EpisodeWindow()
+  checkpoints.Checkpointer(str(tmp_path), 1,
+                           episode_window=fresh).restore_latest()
+  restored = fresh.episodes()
+  assert restored == episodes[30:]  # The last 100, oldest first.
+  assert isinstance(restored[0].episode_return, float)
+  assert isinstance(restored[0].length, int)
+  few = [types.EpisodeStats(21.0, 800), types.EpisodeStats(-3.5, 2600)]
+  window.assign(few)  # Fewer than 100: the rest is not returned.
+  assert window.episodes() == few
+  window.assign([])
+  assert window.episodes() == []
+
+
+def test_checkpoint_without_an_episode_window_restores(tmp_path):
+  """A checkpoint written before the window existed resumes with an empty one."""
+  counter = tf.Variable(7, dtype=tf.int64)
+  checkpoints.Checkpointer(str(tmp_path), 1, counter=counter).save(1)
+  window = checkpoints.EpisodeWindow()
+  ckpt = checkpoints.Checkpointer(str(tmp_path), 1, optional=['episode_window'],
+                                  counter=tf.Variable(0, dtype=tf.int64),
+                                  episode_window=window)
+  assert ckpt.restore_latest()
+  assert ckpt.not_restored == ['episode_window']
+  assert window.episodes() == []
 
 
 def _three_checkpoints(tmp_path):

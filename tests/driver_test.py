@@ -418,6 +418,30 @@ def test_resumed_run_stopped_before_its_first_step_keeps_its_checkpoint(
 
 
 @pytest.mark.e2e
+def test_resumed_run_keeps_the_episodes_of_its_mean(tmp_path):
+  config = testing.tiny_config(logdir=str(tmp_path), total_environment_frames=200)
+  first = driver.train(config).metrics
+  first_lines = len(_read_metrics(str(tmp_path)))
+  assert 0 < first['episodes_in_mean'] == first['episodes'] < 100
+  second = driver.train(config.replace(total_environment_frames=400)).metrics
+  assert second['episodes'] > first['episodes']
+  # Every line of the resumed run averages the episodes before the stop too
+  # (without them its first lines would count only the episodes since).
+  resumed = _read_metrics(str(tmp_path))[first_lines:]
+  assert resumed
+  for line in resumed:
+    assert line['episodes_in_mean'] == min(100, line['episodes']), line
+  reader = tf.train.load_checkpoint(
+      tf.train.latest_checkpoint(os.path.join(str(tmp_path), 'checkpoints')))
+  size = int(reader.get_tensor('episode_window/size/.ATTRIBUTES/VARIABLE_VALUE'))
+  returns = reader.get_tensor('episode_window/returns/.ATTRIBUTES/VARIABLE_VALUE')
+  lengths = reader.get_tensor('episode_window/lengths/.ATTRIBUTES/VARIABLE_VALUE')
+  assert size == second['episodes_in_mean']
+  assert np.mean(returns[:size]) == pytest.approx(second['episode_return_mean'])
+  assert np.mean(lengths[:size]) == pytest.approx(second['episode_length_mean'])
+
+
+@pytest.mark.e2e
 def test_second_run_on_a_busy_logdir_is_refused(tmp_path):
   config = testing.tiny_config(logdir=str(tmp_path))
   from impala_tf import rundir  # pylint: disable=g-import-not-at-top

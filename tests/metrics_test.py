@@ -182,6 +182,22 @@ def test_episode_log_mean_over_last_window():
   assert small.count == 3
 
 
+def test_episode_log_restore_puts_a_resumed_runs_episodes_first():
+  log = metrics.EpisodeLog(window=4)
+  log.count = 10  # As the run counters restore it.
+  log.add([types.EpisodeStats(7.0, 70)])  # An episode that ended before the restore.
+  log.restore([types.EpisodeStats(float(i), i) for i in range(1, 5)])
+  # Oldest first: the restored 1..4, then 7; the window keeps the last 4.
+  assert log.recent() == [types.EpisodeStats(float(i), i) for i in (2, 3, 4)] + [
+      types.EpisodeStats(7.0, 70)]
+  assert log.count == 11  # The restore does not count episodes.
+  assert log.summary() == {'episode_return_mean': 4.0, 'episode_length_mean': 19.75,
+                           'episodes_in_mean': 4}
+  empty = metrics.EpisodeLog()
+  empty.restore([])
+  assert empty.summary()['episodes_in_mean'] == 0
+
+
 def test_console_line():
   line = metrics.console_line(_base(env_frames=1234567, loss=0.5))
   assert line.startswith('frames 1,234,567 | ')

@@ -3,7 +3,7 @@
     python -m impala_tf.plot /tmp/run_a /tmp/run_b --output=curve.png
         [--x=frames|hours] [--random=auto|none|R] [--target=T] [--title=TEXT]
         [--env=ID] [--label=A --label=B] [--mark=FRAMES:RETURN:TEXT ...]
-        [--at=FRAMES ...]
+        [--at=FRAMES ...] [--group='docs/pong_metrics_leaky_s*.jsonl' ...]
 
 Draws the 100-episode mean return (`episode_return_mean` of `metrics.jsonl`) against
 env frames (`--x=hours`: wall-clock hours) into a PNG, and prints one JSON object
@@ -16,6 +16,12 @@ and `config.json` when there is one) or a `metrics.jsonl` file itself.
   reached). Every other run is a line of its own. The legend names a line by the
   flags in which it differs from the other lines (or by its directory), with the
   number of seeds; `--label` (repeated, one per line) replaces those names.
+* `--group=PATTERN[,PATTERN...]` (repeated) draws the runs its glob patterns (or
+  paths) match as seeds of one setup, one line with a band as above, whatever
+  their config.json says (bare metrics files have none:
+  `--group='docs/pong_metrics_leaky_s*.jsonl'`). These lines come first, in the
+  order of the flags, named by the flag's value and the number of runs; then the
+  arguments' lines.
 * Random play (`--random=auto`: the score of uniformly random actions in a table
   of known envs, `RANDOM_SCORES`; or a number; `none` draws nothing) and
   `--target` (default: the runs' `--target_return` when they share one) are
@@ -50,6 +56,7 @@ line on stderr. This module imports neither TensorFlow nor the rest of impala_tf
 training code.
 """
 
+import glob
 import json
 import os
 import re
@@ -138,7 +145,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
          "more): its `returns_at`, e.g. --at=15e6.")
   define(flags.DEFINE_multi_string, 'label', None,
          'Legend name of a line; repeat it, one per line in the order of the '
-         'arguments (repeated seeds of the same flags are one line).')
+         'lines: the --group lines, then the arguments (repeated seeds of the '
+         'same flags are one line).')
+  define(flags.DEFINE_multi_string, 'group', None,
+         'Glob patterns or paths, comma-separated, whose runs (run directories '
+         'or metrics.jsonl files) are drawn as seeds of one setup: one line, '
+         'their mean, with a band (repeat for more setups), e.g. '
+         "--group='docs/pong_metrics_leaky_s*.jsonl'.")
 
 
 def _random_score(env: Optional[str]) -> Optional[float]:
@@ -363,11 +376,12 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
          labels: Optional[Sequence[str]] = None,
          marks: Optional[Sequence[str]] = None,
          legend: str = 'inside',
-         at: Optional[Sequence[object]] = None) -> Dict[str, object]:
+         at: Optional[Sequence[object]] = None,
+         group: Optional[Sequence[str]] = None) -> Dict[str, object]:
   """Draws the return curves of `paths` into the PNG `output`; see the module doc.
 
   Args:
-    paths: run directories or metrics.jsonl files, at least one.
+    paths: run directories or metrics.jsonl files (at least one, or `group`).
     output: the PNG file to write.
     x: 'frames' or 'hours'.
     random: 'auto', 'none' (or None), or a number: random play's return.
@@ -379,6 +393,8 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     legend: 'inside' or 'outside' (right of the axes, on a wider figure).
     at: env frames (numbers or numeric strings) at which to give each run's
       return (`returns_at`), or None.
+    group: comma-separated glob patterns (or paths), each string drawn as one
+      line of seeds (the first lines), or None.
 
   Returns:
     The summary dict (the module docstring lists its keys).
@@ -386,7 +402,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   Raises:
     PlotError: a run cannot be read, a bad argument, or matplotlib is missing.
   """
-  if not paths:
+  if not paths and not group:
     raise PlotError('give at least one run directory or metrics.jsonl')
   if x not in X_AXES:
     raise PlotError(f'--x={x}: must be one of {", ".join(X_AXES)}')
@@ -406,9 +422,22 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   at_frames = [_at(a) for a in at or ()]
   if points and x != 'frames':
     raise PlotError(f'--mark={marks[0]}: needs --x=frames (a mark is at env frames)')
-  runs = [read_run(p, env) for p in paths]
-  groups = _group(runs)
-  names = list(labels) if labels else _labels(groups)
+  matched = []
+  for patterns in group or ():
+    found = []
+    for pattern in patterns.split(','):
+      paths_found = sorted(glob.glob(pattern))
+      if not paths_found:
+        raise PlotError(f'--group={patterns}: {pattern} matches no run directory '
+                        'or metrics.jsonl')
+      found += [p for p in paths_found if p not in found]
+    matched.append(found)
+  given = [[read_run(p, env) for p in found] for found in matched]
+  groups = given + _group([read_run(p, env) for p in paths])
+  runs = [r for g in groups for r in g]
+  names = list(labels) if labels else (
+      [f'{pattern} ({len(g)} runs)' for pattern, g in zip(group or (), given)] +
+      _labels(groups[len(given):]))
   if len(names) != len(groups):
     raise PlotError(f'--label: {len(names)} given for {len(groups)} lines '
                     '(repeated seeds of the same flags are one line)')
@@ -519,17 +548,16 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
 def main(argv):
   fv = flags.FLAGS
   paths = argv[1:]
-  if not paths:
+  if not paths and not fv.group:
     flags_lib.exit_with_error('give one or more run directories (or metrics.jsonl '
-                              'files): python -m impala_tf.plot DIR [DIR ...] '
-                              '--output=curve.png', PROG)
+                              'files, or --group): python -m impala_tf.plot DIR '
+                              '[DIR ...] --output=curve.png', PROG)
   if not fv.output:
     flags_lib.exit_with_error('--output is required: the PNG to write', PROG)
   try:
     summary = plot(paths, fv.output, x=fv.x, random=fv.random, target=fv.target,
                    title=fv.title, env=fv.env, labels=fv.label, marks=fv.mark,
-                   at=fv.at,
-                   legend=fv.legend)
+                   at=fv.at, legend=fv.legend, group=fv.group)
   except PlotError as e:
     flags_lib.exit_with_error(str(e), PROG)
   print(json.dumps(summary, sort_keys=True), flush=True)

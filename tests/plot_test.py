@@ -90,6 +90,56 @@ def test_plot_groups_seeds_and_summarises_the_numbers(runs, tmp_path):
   assert r1['label'] == by_path[seed2]['label'] == 'learning_rate=0.001 (2 seeds)'
 
 
+def _write_metrics(path, returns):
+  """A bare metrics file (no config.json beside it), one line per 1,000 frames."""
+  with open(path, 'w', encoding='utf-8') as f:
+    for i, ret in enumerate(returns):
+      f.write(json.dumps({'env_frames': (i + 1) * 1000,
+                          'episode_return_mean': ret}) + '\n')
+  return str(path)
+
+
+def test_group_patterns_are_one_line_each_before_the_arguments(runs, tmp_path):
+  seed1, seed2, other = runs
+  b1 = _write_metrics(tmp_path / 'm_b_s1.jsonl', [-20.0, -10.0, 0.0])
+  b2 = _write_metrics(tmp_path / 'm_b_s2.jsonl', [-21.0, -15.0, 10.0, 12.0])
+  _write_metrics(tmp_path / 'm_c.jsonl', [5.0])  # Matched by neither pattern.
+  bare = str(tmp_path / 'm_b_s*.jsonl')
+  # Run directories whose flags differ (two learning rates) are one line when a
+  # pattern groups them.
+  dirs = str(tmp_path / 'lr1e-*')
+  out = str(tmp_path / 'g.png')
+  s = plot.plot([seed2], out, group=[bare, dirs], env='CartPole-v1')
+  assert [l['label'] for l in s['lines']] == [
+      f'{bare} (2 runs)', f'{dirs} (3 runs)', 'lr1e-3_seed2']
+  assert [l['runs'] for l in s['lines']] == [[b1, b2], [other, seed1, seed2],
+                                             [seed2]]
+  assert s['lines'][0]['last_return_mean'] == 6.0  # (0 + 12) / 2.
+  assert (s['lines'][0]['last_return_min'], s['lines'][0]['last_return_max']) == (
+      0.0, 12.0)
+  assert s['lines'][1]['last_return_mean'] == pytest.approx((35 + 500 + 400) / 3)
+  assert [r['path'] for r in s['runs']] == [b1, b2, other, seed1, seed2, seed2]
+  assert _png_shape(out)[:2] == (400, 700)
+  # Only patterns; labels name the lines in the same order.
+  s = plot.plot([], out, group=[bare], labels=['setup B'])
+  assert [l['label'] for l in s['lines']] == ['setup B']
+  assert [r['label'] for r in s['runs']] == ['setup B', 'setup B']
+  with pytest.raises(plot.PlotError, match=r'--label: 1 given for 2 lines'):
+    plot.plot([], out, group=[bare, dirs], labels=['setup B'])
+  # Comma-separated patterns and paths are one line; a run matched twice counts
+  # once.
+  both = f'{b2},{tmp_path / "m_c.jsonl"},{bare}'
+  s = plot.plot([], out, group=[both], labels=['three'])
+  assert s['lines'][0]['runs'] == [b2, str(tmp_path / 'm_c.jsonl'), b1]
+  missing = str(tmp_path / 'nothing_*.jsonl')
+  with pytest.raises(plot.PlotError) as e:
+    plot.plot([seed1], out, group=[f'{bare},{missing}'])
+  assert str(e.value) == (f'--group={bare},{missing}: {missing} matches no run '
+                          'directory or metrics.jsonl')
+  with pytest.raises(plot.PlotError, match='give at least one run directory'):
+    plot.plot([], out)
+
+
 def test_eleven_lines_and_marks_do_not_share_a_style(tmp_path, monkeypatch):
   """Past matplotlib's 10 colours a line is dashed, not a copy of the first."""
   import matplotlib.axes  # pylint: disable=g-import-not-at-top
@@ -281,6 +331,9 @@ def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
       ([seed1, '--x=steps', f'--output={tmp_path / "x.png"}'], '--x=steps', None),
       ([seed1, '--at=soon', f'--output={tmp_path / "x.png"}'],
        '--at=soon: must be a number of env frames >= 0', None),
+      ([f'--group={tmp_path / "none_*"}', f'--output={tmp_path / "x.png"}'],
+       f'--group={tmp_path / "none_*"}: {tmp_path / "none_*"} matches no run '
+       'directory', None),
       ([seed1, f'--output={tmp_path / "x.png"}'],
        "needs matplotlib (the plot extra): pip install 'impala_tf[plot]'",
        str(blocker)),

@@ -247,6 +247,29 @@ def target_reached(run: Dict[str, object],
           'return_mean': float(run['returns'][i])}
 
 
+def expand_group(patterns: str, flag: Optional[str] = None) -> List[str]:
+  """The paths a `--group` value matches: its comma-separated globs, in order.
+
+  Args:
+    patterns: comma-separated glob patterns or paths.
+    flag: the flag as given, for the error (default: `--group=PATTERNS`).
+
+  Returns:
+    Each pattern's matches, sorted; a path matched twice is kept once.
+
+  Raises:
+    PlotError: a pattern matches nothing.
+  """
+  found = []
+  for pattern in patterns.split(','):
+    matches = sorted(glob.glob(pattern))
+    if not matches:
+      raise PlotError(f'{flag or "--group=" + patterns}: {pattern} matches no run '
+                      'directory or metrics.jsonl')
+    found += [p for p in matches if p not in found]
+  return found
+
+
 def _experiment(run: Dict[str, object]) -> Optional[str]:
   """The run's flags but the seed (a key that groups repeated seeds), or None."""
   if not run['config']:
@@ -422,16 +445,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   at_frames = [_at(a) for a in at or ()]
   if points and x != 'frames':
     raise PlotError(f'--mark={marks[0]}: needs --x=frames (a mark is at env frames)')
-  matched = []
-  for patterns in group or ():
-    found = []
-    for pattern in patterns.split(','):
-      paths_found = sorted(glob.glob(pattern))
-      if not paths_found:
-        raise PlotError(f'--group={patterns}: {pattern} matches no run directory '
-                        'or metrics.jsonl')
-      found += [p for p in paths_found if p not in found]
-    matched.append(found)
+  matched = [expand_group(patterns) for patterns in group or ()]
   given = [[read_run(p, env) for p in found] for found in matched]
   groups = given + _group([read_run(p, env) for p in paths])
   runs = [r for g in groups for r in g]

@@ -13,6 +13,7 @@ modules (and of each other) is checked to exist, read from their source.
 import ast
 import importlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -98,6 +99,65 @@ def test_a_bad_seed_list_is_one_line_before_any_run(script, tmp_path):
       f'{script}.py: error: --seeds=5-2: the range 5-2 is empty (LO > HI)')
   assert 'Traceback' not in proc.stderr
   assert not (tmp_path / 'out.json').exists()
+
+
+def _metrics_file(path, returns, frames_per_line=1000):
+  """A bare metrics file: one line per return, 360 s apart."""
+  with open(path, 'w', encoding='utf-8') as f:
+    for i, ret in enumerate(returns):
+      f.write(json.dumps({'env_frames': (i + 1) * frames_per_line,
+                          'wall_seconds': (i + 1) * 360.0,
+                          'episode_return_mean': ret}) + '\n')
+  return str(path)
+
+
+def test_setups_counts_runs_at_the_target_within_the_frames(tmp_path):
+  setups = _load('setups')
+  a = _metrics_file(tmp_path / 'a_s1.jsonl', [-20.0, 5.0, 18.5, 17.0])  # 3,000.
+  b = _metrics_file(tmp_path / 'a_s2.jsonl', [-20.0, -10.0, 0.0, 12.0, 19.0])
+  c = _metrics_file(tmp_path / 'a_s3.jsonl', [-21.0, -20.0])  # Stopped at 2,000.
+  runs = [setups.plot.read_run(p) for p in (a, b, c)]
+  s = setups.summarize('A', runs, 18.0, within=4000, at=[2000, 4000])
+  assert (s['name'], s['runs'], s['reached']) == ('A', 3, 1)
+  assert [(r['path'], r['target_env_frames'], r['target_wall_hours'])
+          for r in s['per_run']] == [(a, 3000, 0.3), (b, None, None),
+                                     (c, None, None)]  # b: at 5,000, too late.
+  assert [r['returns_at'] for r in s['per_run']] == [
+      {'2000': 5.0, '4000': 17.0}, {'2000': -10.0, '4000': 12.0},
+      {'2000': -20.0, '4000': None}]
+  assert s['mean_at'] == {'2000': pytest.approx(-25.0 / 3), '4000': 14.5}
+  assert [r['best_return_mean'] for r in s['per_run']] == [18.5, 19.0, -20.0]
+  assert [r['env_frames'] for r in s['per_run']] == [4000, 5000, 2000]
+  anytime = setups.summarize('A', runs, 18.0, at=[9000])
+  assert anytime['reached'] == 2 and anytime['mean_at'] == {'9000': None}
+  proc = subprocess.run(
+      [sys.executable, os.path.join(_BENCH, 'setups.py'), '--target=18',
+       f'--setup=A={tmp_path / "a_s*.jsonl"}', f'--setup=B={c},{a}',
+       '--within=4e3', '--at=2000'],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = json.loads(proc.stdout)
+  assert (out['target'], out['within'], out['at']) == (18.0, 4000, [2000])
+  assert [(x['name'], x['runs'], x['reached']) for x in out['setups']] == [
+      ('A', 3, 1), ('B', 2, 1)]
+  assert [r['path'] for r in out['setups'][1]['per_run']] == [c, a]
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--setup=A'], '--setup=A: must be NAME=PATTERN[,PATTERN...]'),
+    (['--setup=A=nothing_*'],
+     '--setup=A=nothing_*: nothing_* matches no run directory or metrics.jsonl'),
+    (['--setup=A=x', '--within=soon'],
+     '--within=soon: must be a whole number of env frames >= 0'),
+    (['--setup=A=x', '--at=-5'], '--at=-5: must be a whole number of env frames >= 0'),
+])
+def test_setups_bad_arguments_are_one_line(args, message, tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(_BENCH, 'setups.py'), '--target=18', *args],
+      capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [f'setups.py: error: {message}']
+  assert proc.stdout == ''
 
 
 def test_curve_statistics_counts_each_fall_below_drop_once():

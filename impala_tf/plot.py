@@ -447,8 +447,9 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
     raise PlotError(f'--mark={marks[0]}: needs --x=frames (a mark is at env frames)')
   matched = [expand_group(patterns) for patterns in group or ()]
   given = [[read_run(p, env) for p in found] for found in matched]
-  groups = given + _group([read_run(p, env) for p in paths])
-  runs = [r for g in groups for r in g]
+  argument_runs = [read_run(p, env) for p in paths]
+  groups = given + _group(argument_runs)
+  runs = [r for g in given for r in g] + argument_runs
   names = list(labels) if labels else (
       [f'{pattern} ({len(g)} runs)' for pattern, g in zip(group or (), given)] +
       _labels(groups[len(given):]))

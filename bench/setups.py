@@ -43,17 +43,6 @@ def parse_setup(text):
   return name, patterns
 
 
-def frames_value(flag, text):
-  """A count of env frames from '15e6' or '15000000'; ValueError names the flag."""
-  try:
-    value = float(text)
-  except ValueError:
-    value = -1.0
-  if not value >= 0 or value != int(value):
-    raise ValueError(f'--{flag}={text}: must be a whole number of env frames >= 0')
-  return int(value)
-
-
 def summarize(name, runs, target, within=None, at=()):
   """One setup's summary (the module docstring's `setups` entry).
 
@@ -100,8 +89,9 @@ def main(argv=None):
                       help='The env id of runs without a config.json.')
   args = parser.parse_args(argv)
   try:
-    within = None if args.within is None else frames_value('within', args.within)
-    at = [frames_value('at', a) for a in args.at]
+    within = (None if args.within is None
+              else plot.env_frames_arg('within', args.within))
+    at = [plot.env_frames_arg('at', a) for a in args.at]
     setups = [parse_setup(s) for s in args.setup]
     runs = [[plot.read_run(p, args.env)
              for p in plot.expand_group(patterns, f'--setup={name}={patterns}')]

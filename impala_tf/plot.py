@@ -352,14 +352,18 @@ def _mark(text: str) -> Dict[str, object]:
   return {'frames': frames, 'return': ret, 'text': parts[2].strip()}
 
 
-def _at(value) -> int:
-  """An `--at` value (env frames, e.g. '15e6') as an int."""
+def env_frames_arg(flag: str, value) -> int:
+  """A count of env frames given as `--FLAG=value` ('15e6', '15000000', 15e6).
+
+  Raises PlotError, one line naming the flag, unless it is a whole number >= 0.
+  """
   try:
     frames = float(value)
   except (TypeError, ValueError):
     frames = float('nan')
-  if not np.isfinite(frames) or frames < 0:
-    raise PlotError(f'--at={value}: must be a number of env frames >= 0, e.g. 15e6')
+  if not (np.isfinite(frames) and frames >= 0 and frames == int(frames)):
+    raise PlotError(f'--{flag}={value}: must be a whole number of env frames >= 0, '
+                    'e.g. 15e6')
   return int(frames)
 
 
@@ -442,7 +446,7 @@ def plot(paths: Sequence[str], output: str, x: str = 'frames',
   if not os.path.isdir(parent):
     raise PlotError(f'--output={output}: no such directory {parent}')
   points = [_mark(m) for m in marks or ()]
-  at_frames = [_at(a) for a in at or ()]
+  at_frames = [env_frames_arg('at', a) for a in at or ()]
   if points and x != 'frames':
     raise PlotError(f'--mark={marks[0]}: needs --x=frames (a mark is at env frames)')
   matched = [expand_group(patterns) for patterns in group or ()]

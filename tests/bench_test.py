@@ -148,8 +148,9 @@ def test_setups_counts_runs_at_the_target_within_the_frames(tmp_path):
     (['--setup=A=nothing_*'],
      '--setup=A=nothing_*: nothing_* matches no run directory or metrics.jsonl'),
     (['--setup=A=x', '--within=soon'],
-     '--within=soon: must be a whole number of env frames >= 0'),
-    (['--setup=A=x', '--at=-5'], '--at=-5: must be a whole number of env frames >= 0'),
+     '--within=soon: must be a whole number of env frames >= 0, e.g. 15e6'),
+    (['--setup=A=x', '--at=-5'],
+     '--at=-5: must be a whole number of env frames >= 0, e.g. 15e6'),
 ])
 def test_setups_bad_arguments_are_one_line(args, message, tmp_path):
   proc = subprocess.run(

@@ -199,9 +199,10 @@ def test_summary_reads_fps_evals_and_the_first_line_at_the_target(tmp_path):
   assert r['returns_at'] == {'250': 8.0, '400': 7.0, '1000000000': None,
                              '50': 5.0, '300': 8.0}
   assert 'returns_at' not in plot.plot([str(path)], out)['runs'][0]
-  for bad in ('x', '-1', 'nan'):
-    with pytest.raises(plot.PlotError,
-                       match=rf'^--at={bad}: must be a number of env frames >= 0'):
+  for bad in ('x', '-1', 'nan', 'inf', '1.5'):
+    with pytest.raises(
+        plot.PlotError,
+        match=rf'^--at={bad}: must be a whole number of env frames >= 0, e.g. 15e6$'):
       plot.plot([str(path)], out, at=[bad])
 
 
@@ -330,7 +331,7 @@ def test_cli_errors_are_one_line_exit_2(runs, tmp_path):
        'no such run directory', None),
       ([seed1, '--x=steps', f'--output={tmp_path / "x.png"}'], '--x=steps', None),
       ([seed1, '--at=soon', f'--output={tmp_path / "x.png"}'],
-       '--at=soon: must be a number of env frames >= 0', None),
+       '--at=soon: must be a whole number of env frames >= 0', None),
       ([f'--group={tmp_path / "none_*"}', f'--output={tmp_path / "x.png"}'],
        f'--group={tmp_path / "none_*"}: {tmp_path / "none_*"} matches no run '
        'directory', None),

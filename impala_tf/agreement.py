@@ -21,13 +21,14 @@ This module reads no flags.
 
 import dataclasses
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from impala_tf import distribute
 from impala_tf import metrics as metrics_lib
+from impala_tf import types
 
 # Several learner workers agree (stop, checkpoint, summed counters) every this
 # many learner steps, rounded up to whole reuse rings: the agreement is a
@@ -127,6 +128,15 @@ class Agreement:
 
   def episodes(self) -> int:
     return self.agreed['episodes'] if self.multi else self.episode_log.count
+
+  def saved_episodes(self) -> Tuple[int, List[types.EpisodeStats]]:
+    """What a checkpoint keeps: the run's episode count and this worker's window.
+
+    One worker: both from one lock (see `EpisodeLog.snapshot`). Several: the count
+    agreed last, and this worker's own episodes.
+    """
+    count, recent = self.episode_log.snapshot()
+    return (self.agreed['episodes'] if self.multi else count), recent
 
   def episode_summary(self) -> Dict[str, object]:
     return self.agreed['summary'] if self.multi else self.episode_log.summary()

@@ -719,8 +719,9 @@ class _Run:
 
   def _save(self):
     self.run_state.env_frames.assign(self._env_frames())
-    self.run_state.episodes.assign(self.agreement.episodes())
-    self.episode_window.assign(self.episode_log.recent())
+    episodes, window = self.agreement.saved_episodes()
+    self.run_state.episodes.assign(episodes)
+    self.episode_window.assign(window)
     self.run_state.wall_seconds.assign(self.base_wall + time.time() - self.start_time)
     return self.save_ckpt.save(int(self.learner.learner_steps.numpy()))
 

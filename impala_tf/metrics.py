@@ -22,7 +22,7 @@ import math
 import os
 import threading
 import time
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -162,6 +162,15 @@ class EpisodeLog:
     """The episodes of the mean, oldest first (at most `window`)."""
     with self._lock:
       return list(self._recent)
+
+  def snapshot(self) -> Tuple[int, List[types.EpisodeStats]]:
+    """The count and the episodes of the mean, taken together under one lock.
+
+    An episode added while a checkpoint is written is in both or in neither, so
+    a resumed run never averages more episodes than its count says.
+    """
+    with self._lock:
+      return self.count, list(self._recent)
 
   def restore(self, episodes: Iterable[types.EpisodeStats]):
     """Puts a resumed run's last episodes before any new ones (oldest first).

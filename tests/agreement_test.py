@@ -33,6 +33,7 @@ def test_one_worker_counts_its_own_frames_from_the_restored_ones():
   log.add([types.EpisodeStats(5.0, 7)])
   assert a.episodes() == 4
   assert a.episode_summary() == log.summary()
+  assert a.saved_episodes() == (4, [types.EpisodeStats(5.0, 7)])
 
 
 @pytest.mark.parametrize('kw,stop', [
@@ -97,6 +98,9 @@ def test_several_workers_sum_and_decide_alike(monkeypatch):
   assert decision == agreement_lib.Decision(checkpoint=True)  # The chief's wish.
   assert a.env_frames(pool_steps=999) == 1000 + 25 * 4 + 200  # As agreed.
   assert a.episodes() == 10 + 1 + 1
+  log.add([types.EpisodeStats(8.0, 9)])  # After the agreement: the chief's own.
+  assert a.saved_episodes() == (12, [types.EpisodeStats(4.0, 20),
+                                     types.EpisodeStats(8.0, 9)])
   assert a.episode_summary() == {'episode_return_mean': 5.0,
                                  'episode_length_mean': 25.0,
                                  'episodes_in_mean': 2}

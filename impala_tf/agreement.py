@@ -117,8 +117,7 @@ class Agreement:
     """Sets the counters restored from a checkpoint (0 for a new run)."""
     self.base_env_frames, self.base_episodes = env_frames, episodes
     self.episode_log.count = episodes
-    self.agreed = {'env_frames': env_frames, 'episodes': episodes,
-                   'summary': self.episode_log.summary()}
+    self.agreed = {'env_frames': env_frames, 'summary': self.episode_log.summary()}
 
   def env_frames(self, pool_steps: int) -> int:
     """The run's env frames (several workers: the sum at the last agreement)."""
@@ -127,7 +126,7 @@ class Agreement:
     return self.base_env_frames + pool_steps * self.repeat
 
   def episodes(self) -> int:
-    return self.agreed['episodes'] if self.multi else self.episode_log.count
+    return self.episode_summary()['episodes']
 
   def saved_episodes(self) -> Tuple[int, List[types.EpisodeStats]]:
     """What a checkpoint keeps: the run's episode count and this worker's window.
@@ -136,9 +135,10 @@ class Agreement:
     agreed last, and this worker's own episodes.
     """
     count, recent = self.episode_log.snapshot()
-    return (self.agreed['episodes'] if self.multi else count), recent
+    return (self.agreed['summary']['episodes'] if self.multi else count), recent
 
   def episode_summary(self) -> Dict[str, object]:
+    """`EpisodeLog.summary`'s keys (several workers: as agreed last)."""
     return self.agreed['summary'] if self.multi else self.episode_log.summary()
 
   def due(self, steps_run: int) -> bool:
@@ -198,7 +198,7 @@ class Agreement:
         float(stop),
         float(2 ** min(self.worker_index, 52)) if failed else 0.0,
         float(pool_steps * self.repeat),
-        float(self.episode_log.count - self.base_episodes),
+        float(s['episodes'] - self.base_episodes),
         (s['episode_return_mean'] or 0.0) * n,
         (s['episode_length_mean'] or 0.0) * n,
         float(n),
@@ -209,11 +209,11 @@ class Agreement:
     count = int(round(count))
     self.agreed = {
         'env_frames': self.base_env_frames + int(round(frames)),
-        'episodes': self.base_episodes + int(round(episodes)),
         'summary': {
             'episode_return_mean': return_sum / count if count else None,
             'episode_length_mean': length_sum / count if count else None,
-            'episodes_in_mean': count},
+            'episodes_in_mean': count,
+            'episodes': self.base_episodes + int(round(episodes))},
     }
     checkpoint = checkpoint > 0
     if errors > 0:

@@ -683,7 +683,6 @@ class _Run:
         'consumed_frames': int(learner.consumed_frames.numpy()),
         'replayed_frames': int(learner.replayed_frames.numpy()),
         'learner_steps': int(learner.learner_steps.numpy()),
-        'episodes': self.agreement.episodes(),
         'wall_seconds': self.base_wall + time.time() - self.start_time,
         'learner_queue_size': self.pool.queue.qsize(),
         'learner_queue_capacity': self.pool.queue.maxsize,

@@ -184,16 +184,23 @@ class EpisodeLog:
       self._recent.extend(list(episodes) + added)
 
   def summary(self) -> Dict[str, Optional[float]]:
-    """Mean return/length over the last `window` episodes (None before any)."""
-    with self._lock:
-      recent = list(self._recent)
+    """The count and the mean return/length over the last `window` episodes.
+
+    Returns:
+      `episodes` (int, the count), `episodes_in_mean` (int, <= `window`) and
+      `episode_return_mean`, `episode_length_mean` (float; None before any
+      episode), all read under one lock: an episode an actor adds meanwhile is
+      in all of them or in none.
+    """
+    count, recent = self.snapshot()
     if not recent:
       return {'episode_return_mean': None, 'episode_length_mean': None,
-              'episodes_in_mean': 0}
+              'episodes_in_mean': 0, 'episodes': count}
     return {
         'episode_return_mean': float(np.mean([e.episode_return for e in recent])),
         'episode_length_mean': float(np.mean([e.length for e in recent])),
         'episodes_in_mean': len(recent),
+        'episodes': count,
     }
 
 

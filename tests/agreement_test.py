@@ -103,7 +103,7 @@ def test_several_workers_sum_and_decide_alike(monkeypatch):
                                      types.EpisodeStats(8.0, 9)])
   assert a.episode_summary() == {'episode_return_mean': 5.0,
                                  'episode_length_mean': 25.0,
-                                 'episodes_in_mean': 2}
+                                 'episodes_in_mean': 2, 'episodes': 12}
   other[:] = [0, 2.0, 0, 0, 0, 0, 0, 0]  # Worker 1's actors or data failed.
   assert _decide(a) == agreement_lib.Decision(False, (False, False), '1')
   assert _decide(a, pool_failed=True).failed_workers == ''  # Its own failure.

@@ -170,7 +170,7 @@ def test_episode_log_mean_over_last_window():
   log = metrics.EpisodeLog()
   assert log.window == 100
   assert log.summary() == {'episode_return_mean': None, 'episode_length_mean': None,
-                           'episodes_in_mean': 0}
+                           'episodes_in_mean': 0, 'episodes': 0}
   log.add([types.EpisodeStats(float(i), i + 1) for i in range(150)])
   s = log.summary()
   assert log.count == 150
@@ -194,13 +194,13 @@ def test_episode_log_restore_puts_a_resumed_runs_episodes_first():
       types.EpisodeStats(7.0, 70)]
   assert log.count == 11  # The restore does not count episodes.
   assert log.summary() == {'episode_return_mean': 4.0, 'episode_length_mean': 19.75,
-                           'episodes_in_mean': 4}
+                           'episodes_in_mean': 4, 'episodes': 11}
   empty = metrics.EpisodeLog()
   empty.restore([])
   assert empty.summary()['episodes_in_mean'] == 0
 
 
-def test_episode_log_snapshot_takes_count_and_window_together():
+def test_episode_log_reads_count_and_window_together():
   log = metrics.EpisodeLog(window=1000)
   stop = threading.Event()
 
@@ -216,6 +216,7 @@ def test_episode_log_snapshot_takes_count_and_window_together():
   adder.start()
   try:
     snapshots = [log.snapshot() for _ in range(2000)]
+    summaries = [log.summary() for _ in range(2000)]
   finally:
     stop.set()
     adder.join()
@@ -224,6 +225,8 @@ def test_episode_log_snapshot_takes_count_and_window_together():
   assert snapshots[-1][0] > 0
   for count, recent in snapshots:
     assert len(recent) == min(count, 1000), (count, len(recent))
+  for s in summaries:  # A metrics line's count and mean agree the same way.
+    assert s['episodes_in_mean'] == min(s['episodes'], 1000), s
 
 
 def test_console_line():
